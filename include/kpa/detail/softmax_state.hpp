@@ -1,0 +1,87 @@
+#pragma once
+// The online-softmax state and its merge: the one rule by which kpa combines partial attention
+// results, at every level (vector lanes over a block, team threads over a chunk, chunks over a
+// partition, and partitions in the v2 reduce).
+//
+// A partial result over a token set T is (m, s, o): m = max logit over T, s = sum exp(l - m),
+// o = sum exp(l - m) * v. Two of them merge by rescaling both to the larger max. The scalar pair
+// (m, s) travels through Kokkos reductions; the head_size-wide o stays in team scratch and is
+// rescaled with the same weights, because reduction values of hundreds of bytes overflow the
+// host team-reduce buffer of Kokkos 3.4 and spill registers on GPUs.
+
+#include <kpa/detail/kokkos_compat.hpp>
+
+namespace kpa::detail {
+
+/// Factors that rescale two partial results to their common max. Empty sides (m = -inf)
+/// get weight 0; two empty sides give an empty result, never (-inf) - (-inf) = NaN.
+struct MergeWeights {
+  float max_logit;
+  float self;
+  float other;
+};
+
+KOKKOS_INLINE_FUNCTION MergeWeights merge_weights(float max_self, float max_other) {
+  const float merged = compat::fmax(max_self, max_other);
+  if (merged == -compat::infinity()) return MergeWeights{merged, 0.0f, 0.0f};
+  return MergeWeights{merged, compat::exp(max_self - merged), compat::exp(max_other - merged)};
+}
+
+struct SoftmaxState {
+  float max_logit = -compat::infinity();
+  float exp_sum = 0.0f;
+
+  /// Folds `other` into this state; returns the weights to apply to the matching o vectors
+  /// (o = o * self + o_other * other).
+  KOKKOS_INLINE_FUNCTION MergeWeights merge(const SoftmaxState& other) {
+    const MergeWeights w = merge_weights(max_logit, other.max_logit);
+    max_logit = w.max_logit;
+    exp_sum = exp_sum * w.self + other.exp_sum * w.other;
+    return w;
+  }
+
+  /// Weight of a partial result (m, s) whose o is normalised (o / s) in the merged whole:
+  /// s * exp(m - M) / S. This is how the v2 reduce combines per-partition outputs.
+  KOKKOS_INLINE_FUNCTION float share_of(const SoftmaxState& part) const {
+    if (exp_sum == 0.0f || part.exp_sum == 0.0f) return 0.0f;
+    return part.exp_sum * compat::exp(part.max_logit - max_logit) / exp_sum;
+  }
+};
+
+/// Kokkos reducer over SoftmaxState whose join is SoftmaxState::merge.
+template <class Space>
+struct SoftmaxReducer {
+  using reducer = SoftmaxReducer;
+  using value_type = SoftmaxState;
+  using result_view_type = Kokkos::View<value_type, Space, Kokkos::MemoryUnmanaged>;
+
+ private:
+  result_view_type value_;
+
+ public:
+  KOKKOS_INLINE_FUNCTION explicit SoftmaxReducer(value_type& value) : value_(&value) {}
+
+  KOKKOS_INLINE_FUNCTION void join(value_type& dest, const value_type& src) const { dest.merge(src); }
+
+#if KOKKOS_VERSION < 30700
+  // Kokkos before 3.7 only finds a volatile join in some reductions.
+  KOKKOS_INLINE_FUNCTION void join(volatile value_type& dest, const volatile value_type& src) const {
+    value_type merged;
+    merged.max_logit = dest.max_logit;
+    merged.exp_sum = dest.exp_sum;
+    value_type other;
+    other.max_logit = src.max_logit;
+    other.exp_sum = src.exp_sum;
+    merged.merge(other);
+    dest.max_logit = merged.max_logit;
+    dest.exp_sum = merged.exp_sum;
+  }
+#endif
+
+  KOKKOS_INLINE_FUNCTION void init(value_type& value) const { value = value_type(); }
+  KOKKOS_INLINE_FUNCTION value_type& reference() const { return *value_.data(); }
+  KOKKOS_INLINE_FUNCTION result_view_type view() const { return value_; }
+  KOKKOS_INLINE_FUNCTION bool references_scalar() const { return true; }
+};
+
+}  // namespace kpa::detail

@@ -1,0 +1,85 @@
+#pragma once
+// Runs one decode batch through v1, v2 or the automatic entry point and compares the result with
+// the float64 reference.
+
+#include "problem.hpp"
+
+#include <kpa/kpa.hpp>
+
+#include <vector>
+
+namespace kpa_test {
+
+enum class Version { V1, V2, Auto };
+
+inline const char* version_name(Version v) { return v == Version::V1 ? "v1" : v == Version::V2 ? "v2" : "auto"; }
+
+inline constexpr Version kAllVersions[] = {Version::V1, Version::V2, Version::Auto};
+
+/// v2 intermediates sized for a problem, filled with a sentinel so unwritten entries show.
+template <class TmpT, class Space>
+struct Partials {
+  Kokkos::View<float***, Kokkos::LayoutRight, typename Space::memory_space> exp_sums, max_logits;
+  Kokkos::View<TmpT****, Kokkos::LayoutRight, typename Space::memory_space> tmp_out;
+  static constexpr float sentinel = -7.25f;
+
+  Partials(const HostProblem& p, int partition_size)
+      : exp_sums("exp_sums", p.num_seqs, p.num_heads, partitions(p, partition_size)),
+        max_logits("max_logits", p.num_seqs, p.num_heads, partitions(p, partition_size)),
+        tmp_out("tmp_out", p.num_seqs, p.num_heads, partitions(p, partition_size), p.head_size) {
+    Kokkos::deep_copy(exp_sums, sentinel);
+    Kokkos::deep_copy(max_logits, sentinel);
+    Kokkos::deep_copy(tmp_out, kpa::detail::from_float<TmpT>(sentinel));
+  }
+  static int partitions(const HostProblem& p, int partition_size) {
+    return std::max(1, (p.max_seq_len() + partition_size - 1) / partition_size);
+  }
+};
+
+template <class T, class Space>
+void run_version(Version version, DeviceProblem<T, Space>& d, int partition_size, const kpa::PlanOptions& options,
+                 kpa::Workspace<Space>& workspace, const HostProblem& p) {
+  const Space space;
+  switch (version) {
+    case Version::V1:
+      kpa::paged_attention_v1(space, d.out, d.query, d.key_cache, d.value_cache, d.block_tables, d.seq_lens,
+                              d.max_seq_len, d.alibi, d.params, options);
+      break;
+    case Version::V2: {
+      Partials<T, Space> partials(p, partition_size);
+      kpa::paged_attention_v2(space, d.out, partials.exp_sums, partials.max_logits, partials.tmp_out, d.query,
+                              d.key_cache, d.value_cache, d.block_tables, d.seq_lens, d.max_seq_len, d.alibi,
+                              d.params, partition_size, options);
+      break;
+    }
+    case Version::Auto: {
+      kpa::PlanOptions auto_options = options;
+      auto_options.partition_size = partition_size;  // 0: the planner's choice
+      kpa::paged_attention(space, workspace, d.out, d.query, d.key_cache, d.value_cache, d.block_tables, d.seq_lens,
+                           d.max_seq_len, d.alibi, d.params, auto_options);
+      break;
+    }
+  }
+  space.fence();
+}
+
+/// Builds the problem for `spec`, runs every version in `versions` and compares each with the
+/// reference. v2 uses `partition_size`; the automatic path uses it too when `auto_partition`
+/// is set, and the planner's choice otherwise.
+template <class T, class Space>
+void check_attention(const ProblemSpec& spec, int partition_size, const kpa::PlanOptions& options = {},
+                     bool auto_partition = true) {
+  const HostProblem p = make_problem<T>(spec);
+  const std::vector<double> ref = reference_attention(p);
+  DeviceProblem<T, Space> d(p);
+  kpa::Workspace<Space> workspace;
+  for (Version version : kAllVersions) {
+    Kokkos::deep_copy(d.out, kpa::detail::from_float<T>(std::numeric_limits<float>::quiet_NaN()));
+    run_version(version, d, version == Version::Auto && !auto_partition ? 0 : partition_size, options, workspace, p);
+    expect_close_to_reference<T>(d.out, ref, std::string(version_name(version)) + " head_size " +
+                                                 std::to_string(spec.head_size) + " block_size " +
+                                                 std::to_string(spec.block_size));
+  }
+}
+
+}  // namespace kpa_test

@@ -1,0 +1,215 @@
+#pragma once
+// Random decode batches for the tests: generated on the host, rounded to the storage type,
+// uploaded into vLLM's cache layout on the execution space under test.
+
+#include "reference.hpp"
+
+#include <kpa/kpa.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace kpa_test {
+
+enum class TableKind {
+  Sequential,  ///< sequence s owns blocks in order
+  Permuted,    ///< blocks shuffled across the whole cache
+  Shared,      ///< every sequence after the first shares the first sequence's leading blocks
+};
+
+struct ProblemSpec {
+  std::vector<int> seq_lens;
+  int num_heads = 4;
+  int num_kv_heads = 2;
+  int head_size = 64;
+  int block_size = 16;
+  TableKind tables = TableKind::Permuted;
+  bool alibi = false;
+  int extra_columns = 1;  ///< block-table columns beyond the longest sequence (filled with garbage)
+  std::uint64_t seed = 1;
+};
+
+template <class T>
+float round_to(float v) {
+  return kpa::to_float(kpa::detail::from_float<T>(v));
+}
+
+/// Builds the host problem; values are already rounded to T.
+template <class T>
+HostProblem make_problem(const ProblemSpec& spec) {
+  std::mt19937_64 rng(spec.seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  HostProblem p;
+  p.num_seqs = static_cast<int>(spec.seq_lens.size());
+  p.num_heads = spec.num_heads;
+  p.num_kv_heads = spec.num_kv_heads;
+  p.head_size = spec.head_size;
+  p.block_size = spec.block_size;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(spec.head_size));
+  p.seq_lens = spec.seq_lens;
+  int max_blocks = 0;
+  int total_blocks = 0;
+  for (int len : spec.seq_lens) {
+    const int blocks = (len + spec.block_size - 1) / spec.block_size;
+    max_blocks = std::max(max_blocks, blocks);
+    total_blocks += blocks;
+  }
+  p.max_blocks_per_seq = max_blocks + spec.extra_columns;
+  p.num_blocks = total_blocks + 3;  // a few blocks no sequence uses
+  std::vector<int> order(p.num_blocks);
+  std::iota(order.begin(), order.end(), 0);
+  if (spec.tables != TableKind::Sequential) std::shuffle(order.begin(), order.end(), rng);
+  // Garbage in unread columns: the kernels must never follow them.
+  p.block_tables.assign(static_cast<std::size_t>(p.num_seqs) * p.max_blocks_per_seq, -12345);
+  int next = 0;
+  const int shared_blocks = p.num_seqs > 0 ? (spec.seq_lens[0] / spec.block_size) : 0;  // whole blocks only
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int blocks = (spec.seq_lens[s] + spec.block_size - 1) / spec.block_size;
+    for (int b = 0; b < blocks; ++b) {
+      const bool share = spec.tables == TableKind::Shared && s > 0 && b < shared_blocks &&
+                         (b + 1) * spec.block_size <= spec.seq_lens[s];
+      p.block_tables[static_cast<std::size_t>(s) * p.max_blocks_per_seq + b] =
+          share ? p.block_tables[b] : order[next++];
+    }
+  }
+  const std::size_t kv_elems = static_cast<std::size_t>(p.num_blocks) * p.num_kv_heads * p.block_size * p.head_size;
+  // Slots no sequence reads hold NaN: they must never influence a result.
+  p.keys.assign(kv_elems, std::numeric_limits<float>::quiet_NaN());
+  p.values.assign(kv_elems, std::numeric_limits<float>::quiet_NaN());
+  for (int s = 0; s < p.num_seqs; ++s) {
+    for (int t = 0; t < spec.seq_lens[s]; ++t) {
+      const int block = p.block_tables[static_cast<std::size_t>(s) * p.max_blocks_per_seq + t / spec.block_size];
+      for (int g = 0; g < p.num_kv_heads; ++g) {
+        for (int d = 0; d < p.head_size; ++d) {
+          const std::size_t i = p.kv_index(block, g, t % spec.block_size, d);
+          if (std::isnan(p.keys[i])) {  // shared blocks keep the owner's values
+            p.keys[i] = round_to<T>(uniform(rng));
+            p.values[i] = round_to<T>(uniform(rng));
+          }
+        }
+      }
+    }
+  }
+  p.query.resize(static_cast<std::size_t>(p.num_seqs) * p.num_heads * p.head_size);
+  for (float& q : p.query) q = round_to<T>(uniform(rng));
+  if (spec.alibi) {
+    p.alibi.resize(p.num_heads);
+    for (int h = 0; h < p.num_heads; ++h) p.alibi[h] = std::exp2(-8.0f * (h + 1) / p.num_heads);
+  }
+  return p;
+}
+
+/// The problem's views on Space, in the layouts of the kpa/vLLM contract.
+template <class T, class Space>
+struct DeviceProblem {
+  using memory_space = typename Space::memory_space;
+  Kokkos::View<T***, Kokkos::LayoutRight, memory_space> query;
+  Kokkos::View<T***, Kokkos::LayoutRight, memory_space> out;
+  Kokkos::View<T*****, Kokkos::LayoutRight, memory_space> key_cache;
+  Kokkos::View<T****, Kokkos::LayoutRight, memory_space> value_cache;
+  Kokkos::View<int**, Kokkos::LayoutRight, memory_space> block_tables;
+  Kokkos::View<int*, memory_space> seq_lens;
+  Kokkos::View<float*, memory_space> alibi;
+  int max_seq_len = 0;
+  kpa::AttentionParams params;
+
+  explicit DeviceProblem(const HostProblem& p)
+      : query("query", p.num_seqs, p.num_heads, p.head_size),
+        out("out", p.num_seqs, p.num_heads, p.head_size),
+        key_cache("key_cache", p.num_blocks, p.num_kv_heads, p.head_size / (16 / sizeof(T)), p.block_size,
+                  16 / sizeof(T)),
+        value_cache("value_cache", p.num_blocks, p.num_kv_heads, p.head_size, p.block_size),
+        block_tables("block_tables", p.num_seqs, p.max_blocks_per_seq),
+        seq_lens("seq_lens", p.num_seqs),
+        alibi("alibi", p.alibi.size()),
+        max_seq_len(p.max_seq_len()) {
+    params.scale = p.scale;
+    const int x = static_cast<int>(16 / sizeof(T));
+    auto q = Kokkos::create_mirror_view(query);
+    for (int s = 0; s < p.num_seqs; ++s)
+      for (int h = 0; h < p.num_heads; ++h)
+        for (int d = 0; d < p.head_size; ++d)
+          q(s, h, d) = kpa::detail::from_float<T>(p.query[(static_cast<std::size_t>(s) * p.num_heads + h) * p.head_size + d]);
+    Kokkos::deep_copy(query, q);
+    auto k = Kokkos::create_mirror_view(key_cache);
+    auto v = Kokkos::create_mirror_view(value_cache);
+    for (int b = 0; b < p.num_blocks; ++b)
+      for (int g = 0; g < p.num_kv_heads; ++g)
+        for (int o = 0; o < p.block_size; ++o)
+          for (int d = 0; d < p.head_size; ++d) {
+            k(b, g, d / x, o, d % x) = kpa::detail::from_float<T>(p.keys[p.kv_index(b, g, o, d)]);
+            v(b, g, d, o) = kpa::detail::from_float<T>(p.values[p.kv_index(b, g, o, d)]);
+          }
+    Kokkos::deep_copy(key_cache, k);
+    Kokkos::deep_copy(value_cache, v);
+    auto bt = Kokkos::create_mirror_view(block_tables);
+    for (int s = 0; s < p.num_seqs; ++s)
+      for (int b = 0; b < p.max_blocks_per_seq; ++b) bt(s, b) = p.block_tables[static_cast<std::size_t>(s) * p.max_blocks_per_seq + b];
+    Kokkos::deep_copy(block_tables, bt);
+    auto sl = Kokkos::create_mirror_view(seq_lens);
+    for (int s = 0; s < p.num_seqs; ++s) sl(s) = p.seq_lens[s];
+    Kokkos::deep_copy(seq_lens, sl);
+    auto al = Kokkos::create_mirror_view(alibi);
+    for (std::size_t h = 0; h < p.alibi.size(); ++h) al(h) = p.alibi[h];
+    Kokkos::deep_copy(alibi, al);
+    // out starts as NaN so an unwritten output cannot pass.
+    auto o = Kokkos::create_mirror_view(out);
+    Kokkos::deep_copy(o, kpa::detail::from_float<T>(std::numeric_limits<float>::quiet_NaN()));
+    Kokkos::deep_copy(out, o);
+  }
+};
+
+/// Tolerance of an output of storage type T against the float64 reference:
+/// |got - ref| <= atol + rtol * |ref|.
+template <class T>
+struct Tolerance;
+/// f32: accumulation error only (vLLM's own tests use atol 1e-3, rtol 1e-5).
+template <>
+struct Tolerance<float> {
+  static constexpr double atol = 1e-5, rtol = 1e-5;
+};
+/// f16: up to two roundings to binary16 (tmp_out, then out) of values in [-1, 1], 2^-11 each.
+template <>
+struct Tolerance<kpa::half> {
+  static constexpr double atol = 1e-3, rtol = 1e-5;
+};
+/// bf16: up to two roundings to bfloat16 of values in [-1, 1], 2^-8 each.
+template <>
+struct Tolerance<kpa::bfloat16> {
+  static constexpr double atol = 8e-3, rtol = 1e-5;
+};
+
+template <class T>
+const char* dtype_name() {
+  if constexpr (std::is_same_v<T, float>) return "f32";
+  if constexpr (std::is_same_v<T, kpa::half>) return "f16";
+  return "bf16";
+}
+
+/// Compares a [num_seqs][num_heads][head_size] view with the reference; returns the max error.
+template <class T, class View>
+double expect_close_to_reference(const View& out, const std::vector<double>& ref, const std::string& what) {
+  const auto host = kpa::detail::compat::host_copy(out);
+  const T* data = host.data();
+  double max_err = 0.0;
+  int reported = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double got = kpa::to_float(data[i]);
+    const double err = std::fabs(got - ref[i]);
+    max_err = std::isnan(err) ? err : std::max(max_err, err);
+    if (!(err <= Tolerance<T>::atol + Tolerance<T>::rtol * std::fabs(ref[i])) && reported++ < 5) {
+      ADD_FAILURE() << what << " (" << dtype_name<T>() << "): element " << i << " got " << got << ", reference "
+                    << ref[i] << ", error " << err;
+    }
+  }
+  return max_err;
+}
+
+}  // namespace kpa_test

@@ -1,0 +1,96 @@
+#pragma once
+// The float64 reference for paged attention, written plainly and apart from the kernels: it
+// reads keys and values by (block, kv head, slot, dim) from its own logical arrays, so it does
+// not share the kernels' knowledge of vLLM's cache layout.
+
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+namespace kpa_test {
+
+/// A decode batch on the host. Values are stored as the kernels will see them (already rounded
+/// to the storage type), as float.
+struct HostProblem {
+  int num_seqs = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_size = 0;
+  int block_size = 0;
+  int num_blocks = 0;
+  int max_blocks_per_seq = 0;
+  float scale = 1.0f;
+  std::vector<int> seq_lens;      // [num_seqs]
+  std::vector<int> block_tables;  // [num_seqs][max_blocks_per_seq]
+  std::vector<float> query;       // [num_seqs][num_heads][head_size]
+  std::vector<float> keys;        // [num_blocks][num_kv_heads][block_size][head_size]
+  std::vector<float> values;      // [num_blocks][num_kv_heads][block_size][head_size]
+  std::vector<float> alibi;       // [num_heads] or empty
+
+  int max_seq_len() const {
+    int m = 0;
+    for (int len : seq_lens) m = len > m ? len : m;
+    return m;
+  }
+  std::size_t kv_index(int block, int kv_head, int slot, int d) const {
+    return ((static_cast<std::size_t>(block) * num_kv_heads + kv_head) * block_size + slot) * head_size + d;
+  }
+  double logit(int seq, int head, int token) const {
+    const int kv_head = head / (num_heads / num_kv_heads);
+    const int block = block_tables[static_cast<std::size_t>(seq) * max_blocks_per_seq + token / block_size];
+    double dot = 0.0;
+    for (int d = 0; d < head_size; ++d) {
+      dot += static_cast<double>(query[(static_cast<std::size_t>(seq) * num_heads + head) * head_size + d]) *
+             keys[kv_index(block, kv_head, token % block_size, d)];
+    }
+    double l = static_cast<double>(scale) * dot;
+    if (!alibi.empty()) l += static_cast<double>(alibi[head]) * (token - seq_lens[seq] + 1);
+    return l;
+  }
+  double value(int seq, int head, int token, int d) const {
+    const int kv_head = head / (num_heads / num_kv_heads);
+    const int block = block_tables[static_cast<std::size_t>(seq) * max_blocks_per_seq + token / block_size];
+    return values[kv_index(block, kv_head, token % block_size, d)];
+  }
+};
+
+/// Softmax attention of one query head over tokens [begin, end): max logit, sum of exp and
+/// the normalised output (zeros for an empty range).
+struct ReferencePart {
+  double max_logit = -std::numeric_limits<double>::infinity();
+  double exp_sum = 0.0;
+  std::vector<double> out;
+};
+
+inline ReferencePart reference_part(const HostProblem& p, int seq, int head, int begin, int end) {
+  ReferencePart part;
+  part.out.assign(p.head_size, 0.0);
+  if (begin >= end) return part;
+  std::vector<double> logits(end - begin);
+  for (int t = begin; t < end; ++t) {
+    logits[t - begin] = p.logit(seq, head, t);
+    part.max_logit = std::fmax(part.max_logit, logits[t - begin]);
+  }
+  for (int t = begin; t < end; ++t) {
+    const double w = std::exp(logits[t - begin] - part.max_logit);
+    part.exp_sum += w;
+    for (int d = 0; d < p.head_size; ++d) part.out[d] += w * p.value(seq, head, t, d);
+  }
+  for (double& o : part.out) o /= part.exp_sum;
+  return part;
+}
+
+/// out[seq][head][d] of the whole batch.
+inline std::vector<double> reference_attention(const HostProblem& p) {
+  std::vector<double> out(static_cast<std::size_t>(p.num_seqs) * p.num_heads * p.head_size, 0.0);
+  for (int s = 0; s < p.num_seqs; ++s) {
+    for (int h = 0; h < p.num_heads; ++h) {
+      const ReferencePart part = reference_part(p, s, h, 0, p.seq_lens[s]);
+      for (int d = 0; d < p.head_size; ++d) out[(static_cast<std::size_t>(s) * p.num_heads + h) * p.head_size + d] = part.out[d];
+    }
+  }
+  return out;
+}
+
+}  // namespace kpa_test

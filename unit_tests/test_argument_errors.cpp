@@ -1,0 +1,230 @@
+// Every argument check: bad input throws kpa::Error naming the argument and the value.
+
+#include "attention_runner.hpp"
+#include "test_spaces.hpp"
+
+namespace {
+
+using namespace kpa_test;
+
+template <class Space>
+class ArgumentErrors : public ::testing::Test {};
+TYPED_TEST_SUITE(ArgumentErrors, kpa_test::ExecutionSpaces);
+
+template <class Call>
+void expect_error(Call&& call, const std::string& expected) {
+  try {
+    call();
+    ADD_FAILURE() << "no kpa::Error; expected one mentioning '" << expected << "'";
+  } catch (const kpa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos)
+        << "message '" << e.what() << "' does not mention '" << expected << "'";
+  }
+}
+
+ProblemSpec small_spec() {
+  ProblemSpec spec;
+  spec.seq_lens = {40, 17, 0};
+  spec.num_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_size = 64;
+  spec.block_size = 16;
+  spec.tables = TableKind::Sequential;
+  return spec;
+}
+
+template <class Space, class T>
+struct Fixture {
+  HostProblem host;
+  DeviceProblem<T, Space> d;
+  kpa::Workspace<Space> workspace;
+  explicit Fixture(const ProblemSpec& spec) : host(make_problem<T>(spec)), d(host) {}
+
+  template <class... Extra>
+  void v1(int max_seq_len, const kpa::AttentionParams& params) {
+    kpa::paged_attention_v1(Space(), d.out, d.query, d.key_cache, d.value_cache, d.block_tables, d.seq_lens,
+                            max_seq_len, d.alibi, params);
+  }
+  void all(int max_seq_len, const kpa::AttentionParams& params, const std::string& expected) {
+    expect_error([&] { v1(max_seq_len, params); }, expected);
+    expect_error(
+        [&] {
+          Partials<T, Space> partials(host, 16);
+          kpa::paged_attention_v2(Space(), d.out, partials.exp_sums, partials.max_logits, partials.tmp_out, d.query,
+                                  d.key_cache, d.value_cache, d.block_tables, d.seq_lens, max_seq_len, d.alibi, params,
+                                  16);
+        },
+        expected);
+    expect_error(
+        [&] {
+          kpa::paged_attention(Space(), workspace, d.out, d.query, d.key_cache, d.value_cache, d.block_tables,
+                               d.seq_lens, max_seq_len, d.alibi, params);
+        },
+        expected);
+  }
+  void set_host(Kokkos::View<int**, Kokkos::LayoutRight, typename Space::memory_space> view, int i, int j, int value) {
+    auto h = Kokkos::create_mirror_view(view);
+    Kokkos::deep_copy(h, view);
+    h(i, j) = value;
+    Kokkos::deep_copy(view, h);
+  }
+  void set_len(int s, int value) {
+    auto h = Kokkos::create_mirror_view(d.seq_lens);
+    Kokkos::deep_copy(h, d.seq_lens);
+    h(s) = value;
+    Kokkos::deep_copy(d.seq_lens, h);
+  }
+};
+
+TYPED_TEST(ArgumentErrors, BlockIdsOutOfRange) {
+  Fixture<TypeParam, float> f(small_spec());
+  const int num_blocks = f.host.num_blocks;
+  f.set_host(f.d.block_tables, 1, 1, num_blocks);
+  f.all(40, f.d.params, "block_tables[1][1] = " + std::to_string(num_blocks));
+  f.set_host(f.d.block_tables, 1, 1, -1);
+  f.all(40, f.d.params, "block_tables[1][1] = -1");
+  // The same garbage past the blocks a sequence uses is never read, so it is no error.
+  f.set_host(f.d.block_tables, 1, 1, 0);
+  f.set_host(f.d.block_tables, 1, 2, -1);
+  EXPECT_NO_THROW(f.v1(40, f.d.params));
+}
+
+TYPED_TEST(ArgumentErrors, SeqLensNegativeTooLongOrBeyondTheTable) {
+  Fixture<TypeParam, float> f(small_spec());
+  f.set_len(2, -3);
+  f.all(40, f.d.params, "seq_lens[2] = -3 is negative");
+  f.set_len(2, 0);
+  f.all(39, f.d.params, "seq_lens[0] = 40 exceeds max_seq_len = 39");
+  f.all(-1, f.d.params, "max_seq_len must not be negative, got -1");
+  const int columns = f.host.max_blocks_per_seq;
+  f.set_len(1, columns * 16 + 1);
+  f.all(columns * 16 + 1, f.d.params, "seq_lens[1] = " + std::to_string(columns * 16 + 1) + " needs more blocks");
+}
+
+TYPED_TEST(ArgumentErrors, CheckIndicesOffSkipsTheValuePass) {
+  Fixture<TypeParam, float> f(small_spec());
+  auto params = f.d.params;
+  params.check_indices = false;
+  // max_seq_len below a sequence length goes unnoticed without the value pass (the kernels still
+  // read only the blocks seq_lens names, which are valid here).
+  EXPECT_NO_THROW(f.v1(20, params));
+  EXPECT_THROW(f.v1(20, f.d.params), kpa::Error);
+  f.v1(40, params);
+  expect_close_to_reference<float>(f.d.out, reference_attention(f.host), "v1 without index checks");
+}
+
+TYPED_TEST(ArgumentErrors, UnsupportedFeaturesSayNotSupportedYet) {
+  Fixture<TypeParam, float> f(small_spec());
+  auto params = f.d.params;
+  params.kv_cache_dtype = kpa::KVCacheDType::Fp8E4M3;
+  f.all(40, params, "fp8 KV caches are not supported yet");
+  params = f.d.params;
+  params.block_sparse.vert_stride = 4;
+  f.all(40, params, "block-sparse attention is not supported yet");
+  using Space = TypeParam;
+  // A one-byte cache is an fp8 cache.
+  Kokkos::View<std::uint8_t*****, Kokkos::LayoutRight, typename Space::memory_space> k8("k8", 4, 2, 4, 16, 16);
+  Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, typename Space::memory_space> v8("v8", 4, 2, 64, 16);
+  expect_error(
+      [&] {
+        kpa::paged_attention_v1(Space(), f.d.out, f.d.query, k8, v8, f.d.block_tables, f.d.seq_lens, 40, f.d.alibi,
+                                f.d.params);
+      },
+      "not supported yet");
+}
+
+TYPED_TEST(ArgumentErrors, ShapesThatDoNotFit) {
+  using Space = TypeParam;
+  using MS = typename Space::memory_space;
+  {
+    auto spec = small_spec();
+    spec.num_heads = 6;
+    spec.num_kv_heads = 4;
+    Fixture<Space, float> f(spec);
+    f.all(40, f.d.params, "num_heads 6 is not a multiple of num_kv_heads 4");
+  }
+  {
+    auto spec = small_spec();
+    spec.head_size = 264;
+    Fixture<Space, float> f(spec);
+    f.all(40, f.d.params, "head_size 264 is not supported");
+  }
+  {
+    // x = 8 for 2-byte caches: head_size 20 cannot be laid out.
+    auto spec = small_spec();
+    spec.head_size = 20;
+    spec.num_heads = 2;
+    spec.num_kv_heads = 2;
+    const HostProblem host = make_problem<float>(spec);
+    Kokkos::View<kpa::half***, Kokkos::LayoutRight, MS> q("q", 3, 2, 20), out("out", 3, 2, 20);
+    Kokkos::View<kpa::half*****, Kokkos::LayoutRight, MS> k("k", 8, 2, 2, 16, 8);
+    Kokkos::View<kpa::half****, Kokkos::LayoutRight, MS> v("v", 8, 2, 20, 16);
+    DeviceProblem<float, Space> d(host);
+    expect_error(
+        [&] {
+          kpa::paged_attention_v1(Space(), out, q, k, v, d.block_tables, d.seq_lens, 40, d.alibi, d.params);
+        },
+        "head_size 20 is not supported (need a multiple of x = 8");
+  }
+  Fixture<Space, float> f(small_spec());
+  Kokkos::View<float***, Kokkos::LayoutRight, MS> wrong_out("out", 3, 4, 32);
+  expect_error(
+      [&] {
+        kpa::paged_attention_v1(Space(), wrong_out, f.d.query, f.d.key_cache, f.d.value_cache, f.d.block_tables,
+                                f.d.seq_lens, 40, f.d.alibi, f.d.params);
+      },
+      "out extents [3, 4, 32] differ from query extents [3, 4, 64]");
+  Kokkos::View<float*, MS> wrong_alibi("alibi", 3);
+  expect_error(
+      [&] {
+        kpa::paged_attention_v1(Space(), f.d.out, f.d.query, f.d.key_cache, f.d.value_cache, f.d.block_tables,
+                                f.d.seq_lens, 40, wrong_alibi, f.d.params);
+      },
+      "alibi_slopes has 3 entries, expected 0 or num_heads = 4");
+  Kokkos::View<float****, Kokkos::LayoutRight, MS> wrong_values("v", f.host.num_blocks, 2, 64, 8);
+  expect_error(
+      [&] {
+        kpa::paged_attention_v1(Space(), f.d.out, f.d.query, f.d.key_cache, wrong_values, f.d.block_tables,
+                                f.d.seq_lens, 40, f.d.alibi, f.d.params);
+      },
+      "value_cache extents");
+  Kokkos::View<int*, MS> short_lens("lens", 2);
+  expect_error(
+      [&] {
+        kpa::paged_attention_v1(Space(), f.d.out, f.d.query, f.d.key_cache, f.d.value_cache, f.d.block_tables,
+                                short_lens, 40, f.d.alibi, f.d.params);
+      },
+      "seq_lens has 2 entries, expected num_seqs = 3");
+}
+
+TYPED_TEST(ArgumentErrors, V2Intermediates) {
+  using Space = TypeParam;
+  Fixture<Space, float> f(small_spec());
+  auto v2 = [&](int partition_size, int partitions, int head_size) {
+    Kokkos::View<float***, Kokkos::LayoutRight, typename Space::memory_space> sums("s", 3, 4, partitions),
+        maxes("m", 3, 4, partitions);
+    Kokkos::View<float****, Kokkos::LayoutRight, typename Space::memory_space> tmp("t", 3, 4, partitions, head_size);
+    kpa::paged_attention_v2(Space(), f.d.out, sums, maxes, tmp, f.d.query, f.d.key_cache, f.d.value_cache,
+                            f.d.block_tables, f.d.seq_lens, 40, f.d.alibi, f.d.params, partition_size);
+  };
+  EXPECT_NO_THROW(v2(16, 3, 64));
+  expect_error([&] { v2(16, 2, 64); }, "max_num_partitions (exp_sums.extent(2)) = 2 is less than ceil(max_seq_len 40 / partition_size 16) = 3");
+  expect_error([&] { v2(24, 2, 64); }, "partition_size 24 is not a positive multiple of block_size 16");
+  expect_error([&] { v2(0, 2, 64); }, "partition_size 0");
+  expect_error([&] { v2(16, 3, 32); }, "tmp_out extents");
+}
+
+TYPED_TEST(ArgumentErrors, TeamSizeTheBackEndCannotRun) {
+  using Space = TypeParam;
+  Fixture<Space, float> f(small_spec());
+  kpa::PlanOptions options;
+  options.team_size = 4096;
+  expect_error(
+      [&] {
+        kpa::paged_attention_v1(Space(), f.d.out, f.d.query, f.d.key_cache, f.d.value_cache, f.d.block_tables,
+                                f.d.seq_lens, 40, f.d.alibi, f.d.params, options);
+      },
+      "team_size 4096 is outside [1, ");
+}
+
+}  // namespace
