@@ -18,6 +18,7 @@
 // PartitionReduceKernel: one team per (sequence, query head) share; merges the partition states
 // with the same SoftmaxReducer and sums the normalised partition outputs by their shares.
 
+#include <kpa/detail/load_floats.hpp>
 #include <kpa/detail/softmax_state.hpp>
 #include <kpa/numeric_types.hpp>
 
@@ -30,12 +31,57 @@ namespace kpa::detail {
 inline constexpr int kMaxHeadsPerPass = 8;
 /// Tokens whose logits sit in team scratch at once (rounded down to whole blocks).
 inline constexpr int kChunkTokens = 128;
+/// Partial sums kept per head in the p.V loop: enough for one SIMD register of floats on CPUs.
+inline constexpr int kLanes = 8;
 
 inline int chunk_tokens_for(int block_size) {
   return block_size >= kChunkTokens ? block_size : (kChunkTokens / block_size) * block_size;
 }
 
 enum class Output { Final, Partition };
+
+/// logits[g] = q_g . k for the H query heads of a pass and one cache slot. `key` points at the
+/// slot's first X-element vector; consecutive vectors of the slot are `stride` apart. X partial
+/// sums per head let the products vectorise without reassociating float additions.
+template <int H, int X, class CacheT>
+KOKKOS_INLINE_FUNCTION void slot_logits(const CacheT* key, int stride, int vectors, const float* q, int head_size,
+                                        float (&logits)[H]) {
+  float acc[H][X] = {};
+  for (int dx = 0; dx < vectors; ++dx) {
+    float k[X];
+    load_floats<X>(key + dx * stride, k);
+    const float* qd = q + dx * X;
+    for (int g = 0; g < H; ++g) {
+      KPA_IMPL_SIMD
+      for (int i = 0; i < X; ++i) acc[g][i] += qd[g * head_size + i] * k[i];
+    }
+  }
+  for (int g = 0; g < H; ++g) {
+    float sum = 0.0f;
+    for (int i = 0; i < X; ++i) sum += acc[g][i];
+    logits[g] = sum;
+  }
+}
+
+/// part[g][:] += p_g[slot] * v[slot] over `slots` consecutive slots of one value row, for the H
+/// heads of a pass (p_g = probs + g * probs_stride). W partial sums per head vectorise the loop.
+template <int H, int W, class CacheT>
+KOKKOS_INLINE_FUNCTION void accumulate_pv(const CacheT* v, const float* probs, int probs_stride, int slots,
+                                          float (&part)[H][W]) {
+  int slot = 0;
+  for (; slot + W <= slots; slot += W) {
+    float vf[W];
+    load_floats<W>(v + slot, vf);
+    for (int g = 0; g < H; ++g) {
+      KPA_IMPL_SIMD
+      for (int j = 0; j < W; ++j) part[g][j] += probs[g * probs_stride + slot + j] * vf[j];
+    }
+  }
+  for (; slot < slots; ++slot) {  // the sequence's last, partly filled block
+    const float vf = to_float(v[slot]);
+    for (int g = 0; g < H; ++g) part[g][0] += probs[g * probs_stride + slot] * vf;
+  }
+}
 
 /// Everything a PartitionKernel needs besides its views.
 struct PartitionGeometry {
@@ -85,18 +131,15 @@ struct PartitionKernel {
   PartitionGeometry geo;
   int scratch_level = 0;
 
-  int heads_per_pass() const { return geo.group_size < kMaxHeadsPerPass ? geo.group_size : kMaxHeadsPerPass; }
-
-  std::size_t scratch_bytes() const {
+  /// Scratch floats of a team: room for the largest pass (kMaxHeadsPerPass heads).
+  KOKKOS_INLINE_FUNCTION std::size_t scratch_floats() const {
     const int chunk_blocks = geo.chunk_tokens / geo.block_size;
-    return scratch_view::shmem_size(heads_per_pass() * (2 * geo.head_size + geo.chunk_tokens + 2 * chunk_blocks));
+    return static_cast<std::size_t>(kMaxHeadsPerPass) * (2 * geo.head_size + geo.chunk_tokens + 2 * chunk_blocks);
   }
+  std::size_t scratch_bytes() const { return scratch_view::shmem_size(scratch_floats()); }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& member) const {
-    const int hpp = geo.group_size < kMaxHeadsPerPass ? geo.group_size : kMaxHeadsPerPass;
-    const int chunk_blocks = geo.chunk_tokens / geo.block_size;
-    scratch_view scratch(member.team_scratch(scratch_level),
-                         hpp * (2 * geo.head_size + geo.chunk_tokens + 2 * chunk_blocks));
+    scratch_view scratch(member.team_scratch(scratch_level), scratch_floats());
     int first = 0, count = 0;
     even_share(geo.tiles, geo.league_size, member.league_rank(), first, count);
     for (int tile = first; tile < first + count; ++tile) run_tile(member, scratch.data(), tile);
@@ -122,63 +165,74 @@ struct PartitionKernel {
     const int end = (seq_len - begin < geo.partition_size) ? seq_len : begin + geo.partition_size;
     for (int head0 = 0; head0 < geo.group_size; head0 += kMaxHeadsPerPass) {
       const int heads = (geo.group_size - head0 < kMaxHeadsPerPass) ? geo.group_size - head0 : kMaxHeadsPerPass;
-      run_pass(member, scratch, seq, kv_head, kv_head * geo.group_size + head0, heads, seq_len, begin, end,
-               partition);
+      const Pass pass{seq, kv_head, kv_head * geo.group_size + head0, heads, seq_len, begin, end, partition};
+      // Head counts become compile-time constants so the inner loops unroll and vectorise;
+      // a pass of 3, 5, 6 or 7 heads runs with zero-query padding heads that are never stored.
+      if (heads == 1) {
+        run_pass<1>(member, scratch, pass);
+      } else if (heads == 2) {
+        run_pass<2>(member, scratch, pass);
+      } else if (heads <= 4) {
+        run_pass<4>(member, scratch, pass);
+      } else {
+        run_pass<8>(member, scratch, pass);
+      }
     }
   }
 
-  KOKKOS_INLINE_FUNCTION void run_pass(const member_type& member, float* scratch, int seq, int kv_head,
-                                       int first_head, int heads, int seq_len, int begin, int end,
-                                       int partition) const {
+  struct Pass {
+    int seq, kv_head, first_head, heads, seq_len, begin, end, partition;
+  };
+
+  template <int H>
+  KOKKOS_INLINE_FUNCTION void run_pass(const member_type& member, float* scratch, const Pass& pass) const {
+    constexpr int X = static_cast<int>(16 / sizeof(CacheT));  // elements per 16-byte key vector
+    constexpr int W = kLanes;
     const int D = geo.head_size;
     const int B = geo.block_size;
-    const int x = geo.x;
-    const int hpp = geo.group_size < kMaxHeadsPerPass ? geo.group_size : kMaxHeadsPerPass;
-    const int chunk_blocks = geo.chunk_tokens / B;
-    float* q = scratch;                             // [hpp][D], pre-scaled query
-    float* o = q + hpp * D;                         // [hpp][D], running unnormalised output
-    float* probs = o + hpp * D;                     // [hpp][chunk_tokens], logits then exp(l - block max)
-    float* block_max = probs + hpp * geo.chunk_tokens;  // [hpp][chunk_blocks], later the block weights
-    float* block_sum = block_max + hpp * chunk_blocks;  // [hpp][chunk_blocks]
+    const int CT = geo.chunk_tokens;
+    const int CB = CT / B;
+    const int seq = pass.seq;
+    float* q = scratch;                  // [H][D], pre-scaled query
+    float* o = q + H * D;                // [H][D], running unnormalised output
+    float* probs = o + H * D;            // [H][CT], logits, then probabilities scaled to the running max
+    float* block_max = probs + H * CT;   // [H][CB]
+    float* block_sum = block_max + H * CB;  // [H][CB]
 
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(member, heads * D), [&](int i) {
-      q[i] = to_float(query(seq, first_head + i / D, i % D)) * geo.scale;
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(member, H * D), [&](int i) {
+      const int g = i / D;
+      q[i] = g < pass.heads ? to_float(query(seq, pass.first_head + g, i % D)) * geo.scale : 0.0f;
       o[i] = 0.0f;
     });
-    float alibi[kMaxHeadsPerPass];
-    for (int g = 0; g < kMaxHeadsPerPass; ++g) {
-      alibi[g] = (g < heads && alibi_slopes.extent(0) > 0) ? alibi_slopes(first_head + g) : 0.0f;
+    float alibi[H];
+    for (int g = 0; g < H; ++g) {
+      alibi[g] = (g < pass.heads && alibi_slopes.extent(0) > 0) ? alibi_slopes(pass.first_head + g) : 0.0f;
     }
-    SoftmaxState running[kMaxHeadsPerPass];  // identical in every thread of the team
-    float old_weight[kMaxHeadsPerPass];
-    const CacheT* key_head = key_cache + kv_head * geo.cache_head_stride;
-    const CacheT* value_head = value_cache + kv_head * geo.cache_head_stride;
+    SoftmaxState running[H];  // identical in every thread of the team
+    float old_weight[H];
+    const CacheT* key_head = key_cache + pass.kv_head * geo.cache_head_stride;
+    const CacheT* value_head = value_cache + pass.kv_head * geo.cache_head_stride;
     member.team_barrier();
 
-    for (int chunk_begin = begin; chunk_begin < end; chunk_begin += geo.chunk_tokens) {
-      const int chunk_end = (end - chunk_begin < geo.chunk_tokens) ? end : chunk_begin + geo.chunk_tokens;
+    for (int chunk_begin = pass.begin; chunk_begin < pass.end; chunk_begin += CT) {
+      const int chunk_end = (pass.end - chunk_begin < CT) ? pass.end : chunk_begin + CT;
       const int blocks = (chunk_end - chunk_begin + B - 1) / B;
+      auto slots_in = [&](int lb) { return (chunk_end - chunk_begin - lb * B < B) ? chunk_end - chunk_begin - lb * B : B; };
 
-      // 1. Logits and per-block softmax states.
+      // 1. Logits and per-block softmax states. Lanes keep X partial sums per head so the dot
+      //    product vectorises without reassociating floats.
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, blocks), [&](int lb) {
         const int block_token = chunk_begin + lb * B;
-        const int slots = (chunk_end - block_token < B) ? chunk_end - block_token : B;
+        const int slots = slots_in(lb);
         const CacheT* key_block = key_head + block_tables(seq, block_token / B) * geo.cache_block_stride;
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, slots), [&](int slot) {
-          float acc[kMaxHeadsPerPass] = {};
-          for (int dx = 0; dx < D / x; ++dx) {
-            const CacheT* k = key_block + (dx * B + slot) * x;  // key_cache[block][head][dx][slot][:]
-            for (int i = 0; i < x; ++i) {
-              const float kv = to_float(k[i]);
-              const float* qd = q + dx * x + i;
-              for (int g = 0; g < heads; ++g) acc[g] += qd[g * D] * kv;
-            }
-          }
-          const float position = static_cast<float>(block_token + slot - seq_len + 1);
-          for (int g = 0; g < heads; ++g) probs[g * geo.chunk_tokens + lb * B + slot] = acc[g] + alibi[g] * position;
+          float logits[H];
+          slot_logits<H, X>(key_block + slot * X, B * X, D / X, q, D, logits);
+          const float position = static_cast<float>(block_token + slot - pass.seq_len + 1);
+          for (int g = 0; g < H; ++g) probs[g * CT + lb * B + slot] = logits[g] + alibi[g] * position;
         });
-        for (int g = 0; g < heads; ++g) {
-          float* p = probs + g * geo.chunk_tokens + lb * B;
+        for (int g = 0; g < H; ++g) {
+          float* p = probs + g * CT + lb * B;
           float block_max_logit = -compat::infinity();
           Kokkos::parallel_reduce(
               Kokkos::ThreadVectorRange(member, slots),
@@ -186,74 +240,73 @@ struct PartitionKernel {
           float block_exp_sum = 0.0f;
           Kokkos::parallel_reduce(
               Kokkos::ThreadVectorRange(member, slots),
-              [&](int slot, float& s) {
+              [&](int slot, float& sum) {
                 const float e = compat::exp(p[slot] - block_max_logit);
                 p[slot] = e;
-                s += e;
+                sum += e;
               },
               block_exp_sum);
           Kokkos::single(Kokkos::PerThread(member), [&]() {
-            block_max[g * chunk_blocks + lb] = block_max_logit;
-            block_sum[g * chunk_blocks + lb] = block_exp_sum;
+            block_max[g * CB + lb] = block_max_logit;
+            block_sum[g * CB + lb] = block_exp_sum;
           });
         }
       });
       member.team_barrier();
 
-      // 2. Chunk state = merge of the block states; fold it into the running state.
-      for (int g = 0; g < heads; ++g) {
+      // 2. Chunk state = merge of the block states; fold it into the running state, then bring
+      //    every block's probabilities to the running max.
+      for (int g = 0; g < H; ++g) {
         SoftmaxState chunk;
         Kokkos::parallel_reduce(
             Kokkos::TeamThreadRange(member, blocks),
-            [&](int lb, SoftmaxState& state) {
-              state.merge(SoftmaxState{block_max[g * chunk_blocks + lb], block_sum[g * chunk_blocks + lb]});
-            },
+            [&](int lb, SoftmaxState& state) { state.merge(SoftmaxState{block_max[g * CB + lb], block_sum[g * CB + lb]}); },
             SoftmaxReducer<Space>(chunk));
         old_weight[g] = running[g].merge(chunk).self;
       }
-      member.team_barrier();  // every thread has read block_max before it becomes the block weights
-      Kokkos::parallel_for(Kokkos::TeamVectorRange(member, heads * chunk_blocks), [&](int i) {
-        if (i % chunk_blocks < blocks) {
-          block_max[i] = compat::exp(block_max[i] - running[i / chunk_blocks].max_logit);
-        }
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, H * blocks), [&](int i) {
+        const int g = i / blocks;
+        const int lb = i % blocks;
+        const float weight = compat::exp(block_max[g * CB + lb] - running[g].max_logit);
+        float* p = probs + g * CT + lb * B;
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, slots_in(lb)), [&](int slot) { p[slot] *= weight; });
       });
       member.team_barrier();
 
-      // 3. o = o * old_weight + sum over blocks of weight * sum over slots of p * V.
+      // 3. o = o * old_weight + sum over the chunk of p * V. Each thread or lane owns output
+      //    dimensions; W partial sums per head keep the slot loop vectorisable.
       Kokkos::parallel_for(Kokkos::TeamVectorRange(member, D), [&](int d) {
-        float acc[kMaxHeadsPerPass] = {};
+        float part[H][W] = {};
         for (int lb = 0; lb < blocks; ++lb) {
-          const int block_token = chunk_begin + lb * B;
-          const int slots = (chunk_end - block_token < B) ? chunk_end - block_token : B;
+          const int slots = slots_in(lb);
           // value_cache[block][head][d][:]
-          const CacheT* v = value_head + block_tables(seq, block_token / B) * geo.cache_block_stride + d * B;
-          float part[kMaxHeadsPerPass] = {};
-          for (int slot = 0; slot < slots; ++slot) {
-            const float vv = to_float(v[slot]);
-            for (int g = 0; g < heads; ++g) part[g] += probs[g * geo.chunk_tokens + lb * B + slot] * vv;
-          }
-          for (int g = 0; g < heads; ++g) acc[g] += part[g] * block_max[g * chunk_blocks + lb];
+          const CacheT* v = value_head + block_tables(seq, (chunk_begin + lb * B) / B) * geo.cache_block_stride + d * B;
+          accumulate_pv<H, W>(v, probs + lb * B, CT, slots, part);
         }
-        for (int g = 0; g < heads; ++g) o[g * D + d] = o[g * D + d] * old_weight[g] + acc[g];
+        for (int g = 0; g < H; ++g) {
+          float sum = 0.0f;
+          for (int j = 0; j < W; ++j) sum += part[g][j];
+          o[g * D + d] = o[g * D + d] * old_weight[g] + sum;
+        }
       });
       member.team_barrier();
     }
 
     // Results of the pass.
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(member, heads * D), [&](int i) {
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(member, pass.heads * D), [&](int i) {
       const int g = i / D;
       const float inv_sum = running[g].exp_sum > 0.0f ? 1.0f / running[g].exp_sum : 0.0f;
       if (geo.output == Output::Final) {
-        out(seq, first_head + g, i % D) = from_float<out_type>(o[i] * inv_sum);
+        out(seq, pass.first_head + g, i % D) = from_float<out_type>(o[i] * inv_sum);
       } else {
-        tmp_out(seq, first_head + g, partition, i % D) = from_float<tmp_out_type>(o[i] * inv_sum);
+        tmp_out(seq, pass.first_head + g, pass.partition, i % D) = from_float<tmp_out_type>(o[i] * inv_sum);
       }
     });
     if (geo.output == Output::Partition) {
       Kokkos::single(Kokkos::PerTeam(member), [&]() {
-        for (int g = 0; g < heads; ++g) {
-          max_logits(seq, first_head + g, partition) = running[g].max_logit;
-          exp_sums(seq, first_head + g, partition) = running[g].exp_sum;
+        for (int g = 0; g < pass.heads; ++g) {
+          max_logits(seq, pass.first_head + g, pass.partition) = running[g].max_logit;
+          exp_sums(seq, pass.first_head + g, pass.partition) = running[g].exp_sum;
         }
       });
     }
