@@ -3,6 +3,8 @@
 #
 #   scripts/bootstrap-deps.sh [PREFIX]      (default PREFIX: <repo>/.deps/install)
 #
+# With KPA_SKIP_KOKKOS=1 only the distribution packages are installed (for builds against a
+# Kokkos given through Kokkos_ROOT, e.g. a CUDA-enabled one).
 # - Distribution packages (as root, only those missing): a C++ compiler, CMake, GoogleTest,
 #   Google Benchmark, dpkg-dev (for `apt-get source`).
 # - Kokkos 3.4.1 (Serial + OpenMP) and Kokkos Kernels 3.4, built from the distribution's
@@ -90,7 +92,9 @@ build_kokkos() {
 }
 
 install_packages
-if [ -f "$prefix/.kpa-deps-complete" ]; then
+if [ "${KPA_SKIP_KOKKOS:-0}" = 1 ]; then
+  exit 0
+elif [ -f "$prefix/.kpa-deps-complete" ]; then
   log "reusing Kokkos and Kokkos Kernels in $prefix"
 else
   build_kokkos
