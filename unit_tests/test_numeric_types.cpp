@@ -2,7 +2,6 @@
 
 #include "test_spaces.hpp"
 
-#include <kpa/detail/load_floats.hpp>
 #include <kpa/numeric_types.hpp>
 
 #include <vector>
@@ -136,30 +135,3 @@ TYPED_TEST(NumericTypesOnSpace, ConversionsInKernelsMatchHost) {
 
 }  // namespace
 
-namespace {
-
-// The kernels read caches through load_floats, which has an explicit x86 path for 2-byte types
-// when the build targets AVX2/F16C: it must give exactly to_float's bits, NaN payloads included.
-template <class T>
-void check_load_floats_matches_to_float() {
-  // Converting a signalling NaN raises FE_INVALID in hardware; that is expected here, so the
-  // test main's trap is off for this check.
-  struct TrapOff {
-    int saved = fedisableexcept(FE_INVALID);
-    ~TrapOff() { feenableexcept(saved); }
-  } trap_off;
-  std::vector<T> codes(1 << 16);
-  for (std::uint32_t c = 0; c <= 0xffff; ++c) codes[c] = T{static_cast<std::uint16_t>(c)};
-  std::vector<float> loaded(codes.size());
-  for (std::size_t i = 0; i < codes.size(); i += 8) kpa::detail::load_floats<8>(codes.data() + i, loaded.data() + i);
-  for (std::size_t i = 0; i < codes.size(); ++i) {
-    ASSERT_EQ(bits_of(loaded[i]), bits_of(kpa::to_float(codes[i]))) << "code " << i;
-  }
-}
-
-TEST(NumericTypes, LoadFloatsMatchesToFloatBitForBit) {
-  check_load_floats_matches_to_float<kpa::half>();
-  check_load_floats_matches_to_float<kpa::bfloat16>();
-}
-
-}  // namespace

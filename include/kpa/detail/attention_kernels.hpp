@@ -18,7 +18,7 @@
 // PartitionReduceKernel: one team per (sequence, query head) share; merges the partition states
 // with the same SoftmaxReducer and sums the normalised partition outputs by their shares.
 
-#include <kpa/detail/load_floats.hpp>
+#include <kpa/detail/attention_math.hpp>
 #include <kpa/detail/softmax_state.hpp>
 #include <kpa/numeric_types.hpp>
 
@@ -31,57 +31,12 @@ namespace kpa::detail {
 inline constexpr int kMaxHeadsPerPass = 8;
 /// Tokens whose logits sit in team scratch at once (rounded down to whole blocks).
 inline constexpr int kChunkTokens = 128;
-/// Partial sums kept per head in the p.V loop: enough for one SIMD register of floats on CPUs.
-inline constexpr int kLanes = 8;
 
 inline int chunk_tokens_for(int block_size) {
   return block_size >= kChunkTokens ? block_size : (kChunkTokens / block_size) * block_size;
 }
 
 enum class Output { Final, Partition };
-
-/// logits[g] = q_g . k for the H query heads of a pass and one cache slot. `key` points at the
-/// slot's first X-element vector; consecutive vectors of the slot are `stride` apart. X partial
-/// sums per head let the products vectorise without reassociating float additions.
-template <int H, int X, class CacheT>
-KOKKOS_INLINE_FUNCTION void slot_logits(const CacheT* key, int stride, int vectors, const float* q, int head_size,
-                                        float (&logits)[H]) {
-  float acc[H][X] = {};
-  for (int dx = 0; dx < vectors; ++dx) {
-    float k[X];
-    load_floats<X>(key + dx * stride, k);
-    const float* qd = q + dx * X;
-    for (int g = 0; g < H; ++g) {
-      KPA_IMPL_SIMD
-      for (int i = 0; i < X; ++i) acc[g][i] += qd[g * head_size + i] * k[i];
-    }
-  }
-  for (int g = 0; g < H; ++g) {
-    float sum = 0.0f;
-    for (int i = 0; i < X; ++i) sum += acc[g][i];
-    logits[g] = sum;
-  }
-}
-
-/// part[g][:] += p_g[slot] * v[slot] over `slots` consecutive slots of one value row, for the H
-/// heads of a pass (p_g = probs + g * probs_stride). W partial sums per head vectorise the loop.
-template <int H, int W, class CacheT>
-KOKKOS_INLINE_FUNCTION void accumulate_pv(const CacheT* v, const float* probs, int probs_stride, int slots,
-                                          float (&part)[H][W]) {
-  int slot = 0;
-  for (; slot + W <= slots; slot += W) {
-    float vf[W];
-    load_floats<W>(v + slot, vf);
-    for (int g = 0; g < H; ++g) {
-      KPA_IMPL_SIMD
-      for (int j = 0; j < W; ++j) part[g][j] += probs[g * probs_stride + slot + j] * vf[j];
-    }
-  }
-  for (; slot < slots; ++slot) {  // the sequence's last, partly filled block
-    const float vf = to_float(v[slot]);
-    for (int g = 0; g < H; ++g) part[g][0] += probs[g * probs_stride + slot] * vf;
-  }
-}
 
 /// Everything a PartitionKernel needs besides its views.
 struct PartitionGeometry {
@@ -115,6 +70,7 @@ struct PartitionKernel {
   using policy_type = Kokkos::TeamPolicy<Space, Kokkos::Schedule<Kokkos::Dynamic>>;
   using member_type = typename policy_type::member_type;
   using scratch_view = Kokkos::View<float*, typename Space::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using block_id_view = Kokkos::View<int*, typename Space::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   using out_type = typename OutView::non_const_value_type;
   using tmp_out_type = typename TmpOutView::non_const_value_type;
 
@@ -136,16 +92,25 @@ struct PartitionKernel {
     const int chunk_blocks = geo.chunk_tokens / geo.block_size;
     return static_cast<std::size_t>(kMaxHeadsPerPass) * (2 * geo.head_size + geo.chunk_tokens + 2 * chunk_blocks);
   }
-  std::size_t scratch_bytes() const { return scratch_view::shmem_size(scratch_floats()); }
-
-  KOKKOS_INLINE_FUNCTION void operator()(const member_type& member) const {
-    scratch_view scratch(member.team_scratch(scratch_level), scratch_floats());
-    int first = 0, count = 0;
-    even_share(geo.tiles, geo.league_size, member.league_rank(), first, count);
-    for (int tile = first; tile < first + count; ++tile) run_tile(member, scratch.data(), tile);
+  std::size_t scratch_bytes() const {
+    return scratch_view::shmem_size(scratch_floats()) + block_id_view::shmem_size(geo.chunk_tokens / geo.block_size);
   }
 
-  KOKKOS_INLINE_FUNCTION void run_tile(const member_type& member, float* scratch, int tile) const {
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& member) const {
+    const scratch_view floats(member.team_scratch(scratch_level), scratch_floats());
+    const block_id_view block_ids(member.team_scratch(scratch_level), geo.chunk_tokens / geo.block_size);
+    const Scratch scratch{floats.data(), block_ids.data()};
+    int first = 0, count = 0;
+    even_share(geo.tiles, geo.league_size, member.league_rank(), first, count);
+    for (int tile = first; tile < first + count; ++tile) run_tile(member, scratch, tile);
+  }
+
+  struct Scratch {
+    float* floats;
+    int* block_ids;  ///< physical blocks of the current chunk
+  };
+
+  KOKKOS_INLINE_FUNCTION void run_tile(const member_type& member, const Scratch& scratch, int tile) const {
     const int partition = tile % geo.num_partitions;
     const int seq_head = tile / geo.num_partitions;
     const int kv_head = seq_head % geo.num_kv_heads;
@@ -185,15 +150,14 @@ struct PartitionKernel {
   };
 
   template <int H>
-  KOKKOS_INLINE_FUNCTION void run_pass(const member_type& member, float* scratch, const Pass& pass) const {
+  KOKKOS_INLINE_FUNCTION void run_pass(const member_type& member, const Scratch& scratch, const Pass& pass) const {
     constexpr int X = static_cast<int>(16 / sizeof(CacheT));  // elements per 16-byte key vector
-    constexpr int W = kLanes;
     const int D = geo.head_size;
     const int B = geo.block_size;
     const int CT = geo.chunk_tokens;
     const int CB = CT / B;
     const int seq = pass.seq;
-    float* q = scratch;                  // [H][D], pre-scaled query
+    float* q = scratch.floats;           // [H][D], pre-scaled query
     float* o = q + H * D;                // [H][D], running unnormalised output
     float* probs = o + H * D;            // [H][CT], logits, then probabilities scaled to the running max
     float* block_max = probs + H * CT;   // [H][CB]
@@ -219,15 +183,15 @@ struct PartitionKernel {
       const int blocks = (chunk_end - chunk_begin + B - 1) / B;
       auto slots_in = [&](int lb) { return (chunk_end - chunk_begin - lb * B < B) ? chunk_end - chunk_begin - lb * B : B; };
 
-      // 1. Logits and per-block softmax states. Lanes keep X partial sums per head so the dot
-      //    product vectorises without reassociating floats.
+      // 1. Logits and per-block softmax states; the chunk's physical block ids go to scratch.
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, blocks), [&](int lb) {
         const int block_token = chunk_begin + lb * B;
         const int slots = slots_in(lb);
-        const CacheT* key_block = key_head + block_tables(seq, block_token / B) * geo.cache_block_stride;
+        const int block_id = block_tables(seq, block_token / B);
+        const CacheT* key_block = key_head + block_id * geo.cache_block_stride;
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, slots), [&](int slot) {
           float logits[H];
-          slot_logits<H, X>(key_block + slot * X, B * X, D / X, q, D, logits);
+          slot_logits<H, X>(key_block + slot * X, B * X, D / X, q, D, logits);  // key_cache[block][head][:][slot][:]
           const float position = static_cast<float>(block_token + slot - pass.seq_len + 1);
           for (int g = 0; g < H; ++g) probs[g * CT + lb * B + slot] = logits[g] + alibi[g] * position;
         });
@@ -251,6 +215,7 @@ struct PartitionKernel {
             block_sum[g * CB + lb] = block_exp_sum;
           });
         }
+        Kokkos::single(Kokkos::PerThread(member), [&]() { scratch.block_ids[lb] = block_id; });
       });
       member.team_barrier();
 
@@ -274,20 +239,13 @@ struct PartitionKernel {
       member.team_barrier();
 
       // 3. o = o * old_weight + sum over the chunk of p * V. Each thread or lane owns output
-      //    dimensions; W partial sums per head keep the slot loop vectorisable.
+      //    dimensions and reads each V element once for all heads of the pass.
+      const int last_block_slots = slots_in(blocks - 1);
       Kokkos::parallel_for(Kokkos::TeamVectorRange(member, D), [&](int d) {
-        float part[H][W] = {};
-        for (int lb = 0; lb < blocks; ++lb) {
-          const int slots = slots_in(lb);
-          // value_cache[block][head][d][:]
-          const CacheT* v = value_head + block_tables(seq, (chunk_begin + lb * B) / B) * geo.cache_block_stride + d * B;
-          accumulate_pv<H, W>(v, probs + lb * B, CT, slots, part);
-        }
-        for (int g = 0; g < H; ++g) {
-          float sum = 0.0f;
-          for (int j = 0; j < W; ++j) sum += part[g][j];
-          o[g * D + d] = o[g * D + d] * old_weight[g] + sum;
-        }
+        float sums[H];
+        chunk_pv<H>(value_head + d * B, scratch.block_ids, geo.cache_block_stride, B, blocks, last_block_slots, probs,
+                    CT, sums);
+        for (int g = 0; g < H; ++g) o[g * D + d] = o[g * D + d] * old_weight[g] + sums[g];
       });
       member.team_barrier();
     }
