@@ -176,6 +176,7 @@ struct PartitionKernel {
     float old_weight[H];
     const CacheT* key_head = key_cache + pass.kv_head * geo.cache_head_stride;
     const CacheT* value_head = value_cache + pass.kv_head * geo.cache_head_stride;
+    const std::size_t block_bytes = sizeof(CacheT) * static_cast<std::size_t>(geo.cache_head_stride);
     member.team_barrier();
 
     for (int chunk_begin = pass.begin; chunk_begin < pass.end; chunk_begin += CT) {
@@ -189,11 +190,19 @@ struct PartitionKernel {
         const int slots = slots_in(lb);
         const int block_id = block_tables(seq, block_token / B);
         const CacheT* key_block = key_head + block_id * geo.cache_block_stride;
-        Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, slots), [&](int slot) {
-          float logits[H];
-          slot_logits<H, X>(key_block + slot * X, B * X, D / X, q, D, logits);  // key_cache[block][head][:][slot][:]
-          const float position = static_cast<float>(block_token + slot - pass.seq_len + 1);
-          for (int g = 0; g < H; ++g) probs[g * CT + lb * B + slot] = logits[g] + alibi[g] * position;
+        constexpr int S = kSlotsPerCall;
+        const CacheT* value_block = value_head + block_id * geo.cache_block_stride;
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, (slots + S - 1) / S), [&](int group) {
+          prefetch_slice(value_block, block_bytes, group, (B + S - 1) / S);  // read in step 3
+          const int first_slot = group * S;
+          const int count = slots - first_slot < S ? slots - first_slot : S;
+          float logits[S][H];
+          // key_cache[block][head][:][slot][:]
+          slot_logits<H, X, S>(key_block + first_slot * X, B * X, D / X, q, D, count, logits);
+          for (int s = 0; s < count; ++s) {
+            const float position = static_cast<float>(block_token + first_slot + s - pass.seq_len + 1);
+            for (int g = 0; g < H; ++g) probs[g * CT + lb * B + first_slot + s] = logits[s][g] + alibi[g] * position;
+          }
         });
         for (int g = 0; g < H; ++g) {
           float* p = probs + g * CT + lb * B;
@@ -241,7 +250,13 @@ struct PartitionKernel {
       // 3. o = o * old_weight + sum over the chunk of p * V. Each thread or lane owns output
       //    dimensions and reads each V element once for all heads of the pass.
       const int last_block_slots = slots_in(blocks - 1);
+      const int next_blocks = (pass.end - chunk_end < CT ? pass.end - chunk_end + B - 1 : CT) / B;
       Kokkos::parallel_for(Kokkos::TeamVectorRange(member, D), [&](int d) {
+        if (next_blocks > 0 && d < (D / next_blocks) * next_blocks) {  // the next chunk's keys, read in step 1
+          const int next = d % next_blocks;
+          prefetch_slice(key_head + block_tables(seq, chunk_end / B + next) * geo.cache_block_stride, block_bytes,
+                         d / next_blocks, D / next_blocks);
+        }
         float sums[H];
         chunk_pv<H>(value_head + d * B, scratch.block_ids, geo.cache_block_stride, B, blocks, last_block_slots, probs,
                     CT, sums);

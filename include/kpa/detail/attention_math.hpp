@@ -8,6 +8,7 @@
 #include <kpa/detail/x86_host.hpp>
 #include <kpa/numeric_types.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -23,33 +24,67 @@ namespace kpa::detail {
 /// Partial sums kept per head in the portable p.V loop.
 inline constexpr int kLanes = 8;
 
-/// logits[g] = q_g . k for the H heads of a pass (q_g = q + g * head_size) and one cache slot.
-/// `key` points at the slot's first X-element vector; its `vectors` vectors are `stride` apart.
-template <int H, int X, class CacheT>
+/// Hint that slice `part` of `parts` equal slices of [p, p + bytes) will be read soon. Paged
+/// blocks sit at unrelated addresses, so a CPU's prefetchers, which follow streams, miss the
+/// start of every block; the kernel spreads these hints over the work of the step before.
+/// A no-op on GPUs, which hide latency by occupancy.
+KOKKOS_INLINE_FUNCTION void prefetch_slice(const void* p, std::size_t bytes, int part, int parts) {
+#ifdef KPA_IMPL_X86_HOST_KERNELS
+  x86::prefetch_slice(p, bytes, part, parts);
+#else
+  (void)p;
+  (void)bytes;
+  (void)part;
+  (void)parts;
+#endif
+}
+
+/// Slots whose logits one slot_logits call computes: several on x86 hosts (see x86_host.hpp),
+/// one elsewhere (GPU lanes each take a slot).
+#ifdef KPA_IMPL_X86_HOST_KERNELS
+inline constexpr int kSlotsPerCall = 2;
+#else
+inline constexpr int kSlotsPerCall = 1;
+#endif
+
+/// logits[s][g] = q_g . k_s for the H heads of a pass (q_g = q + g * head_size) and `count`
+/// (<= S) consecutive cache slots. `key` points at the first slot's first X-element vector; a
+/// slot's `vectors` vectors are `stride` apart and consecutive slots X apart.
+template <int H, int X, int S, class CacheT>
 KOKKOS_INLINE_FUNCTION void slot_logits(const CacheT* key, int stride, int vectors, const float* q, int head_size,
-                                        float (&logits)[H]) {
+                                        int count, float (&logits)[S][H]) {
 #ifdef KPA_IMPL_X86_HOST_KERNELS
   if constexpr (x86::has_kernels_for<CacheT>) {
     if ((X * vectors) % 8 == 0) {
-      x86::slot_logits<H, X>(key, stride, vectors, q, head_size, logits);
+      if (count == S) {
+        x86::slot_logits<H, X, S>(key, stride, vectors, q, head_size, logits);
+      } else {
+        float one[1][H];
+        for (int s = 0; s < count; ++s) {
+          x86::slot_logits<H, X, 1>(key + s * X, stride, vectors, q, head_size, one);
+          for (int g = 0; g < H; ++g) logits[s][g] = one[0][g];
+        }
+      }
       return;
     }
   }
 #endif
-  float acc[H][X] = {};  // X partial sums per head: vectorisable without reassociating floats
-  for (int dx = 0; dx < vectors; ++dx) {
-    float k[X];
-    for (int i = 0; i < X; ++i) k[i] = to_float(key[dx * stride + i]);
-    const float* qd = q + dx * X;
-    for (int g = 0; g < H; ++g) {
-      KPA_IMPL_SIMD
-      for (int i = 0; i < X; ++i) acc[g][i] += qd[g * head_size + i] * k[i];
+  for (int s = 0; s < count; ++s) {
+    float acc[H][X] = {};  // X partial sums per head: vectorisable without reassociating floats
+    for (int dx = 0; dx < vectors; ++dx) {
+      float k[X];
+      for (int i = 0; i < X; ++i) k[i] = to_float(key[s * X + dx * stride + i]);
+      const float* qd = q + dx * X;
+      for (int g = 0; g < H; ++g) {
+        KPA_IMPL_SIMD
+        for (int i = 0; i < X; ++i) acc[g][i] += qd[g * head_size + i] * k[i];
+      }
     }
-  }
-  for (int g = 0; g < H; ++g) {
-    float sum = 0.0f;
-    for (int i = 0; i < X; ++i) sum += acc[g][i];
-    logits[g] = sum;
+    for (int g = 0; g < H; ++g) {
+      float sum = 0.0f;
+      for (int i = 0; i < X; ++i) sum += acc[g][i];
+      logits[s][g] = sum;
+    }
   }
 }
 

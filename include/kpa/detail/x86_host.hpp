@@ -46,48 +46,75 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
 }
 
-/// See slot_logits in attention_math.hpp. Requires X * vectors to be a multiple of 8.
-template <int H, int X, class CacheT>
-inline void slot_logits(const CacheT* key, int stride, int vectors, const float* q, int head_size, float (&logits)[H]) {
-  __m256 acc[H];
-  for (int g = 0; g < H; ++g) acc[g] = _mm256_setzero_ps();
-  if constexpr (X == 8) {
-    for (int dx = 0; dx < vectors; ++dx) {
-      const __m256 k = load8(key + dx * stride);
-      for (int g = 0; g < H; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * head_size + dx * 8), k, acc[g]);
+/// Starts loading slice `part` of `parts` equal slices of [p, p + bytes) into the caches.
+inline void prefetch_slice(const void* p, std::size_t bytes, int part, int parts) {
+  constexpr std::size_t line = 64;
+  const std::size_t lines = (bytes + line - 1) / line;
+  const std::size_t first = lines * part / parts, last = lines * (part + 1) / parts;
+  const char* c = static_cast<const char*>(p);
+  for (std::size_t l = first; l < last; ++l) _mm_prefetch(c + l * line, _MM_HINT_T0);
+}
+
+/// See slot_logits in attention_math.hpp; computes S slots at once (slot s at key + s * X),
+/// which shares each query load between them and gives the FMA units S * H independent chains.
+/// Requires X * vectors to be a multiple of 8.
+template <int H, int X, int S, class CacheT>
+inline void slot_logits(const CacheT* key, int stride, int vectors, const float* q, int head_size,
+                        float (&logits)[S][H]) {
+  __m256 acc[S][H];
+  for (int s = 0; s < S; ++s)
+    for (int g = 0; g < H; ++g) acc[s][g] = _mm256_setzero_ps();
+  for (int dx = 0; dx < vectors; dx += 8 / X) {
+    __m256 k[S];
+    for (int s = 0; s < S; ++s) {
+      if constexpr (X == 8) {
+        k[s] = load8(key + s * X + dx * stride);
+      } else {
+        static_assert(X == 4 && std::is_same_v<CacheT, float>, "x86 slot_logits handles x = 8 and f32 x = 4");
+        k[s] = load4x2(key + s * X + dx * stride, key + s * X + (dx + 1) * stride);
+      }
     }
-  } else {
-    static_assert(X == 4 && std::is_same_v<CacheT, float>, "x86 slot_logits handles x = 8 and f32 x = 4");
-    for (int dx = 0; dx < vectors; dx += 2) {
-      const __m256 k = load4x2(key + dx * stride, key + (dx + 1) * stride);
-      for (int g = 0; g < H; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * head_size + dx * 4), k, acc[g]);
+    for (int g = 0; g < H; ++g) {
+      const __m256 qv = _mm256_loadu_ps(q + g * head_size + dx * X);
+      for (int s = 0; s < S; ++s) acc[s][g] = _mm256_fmadd_ps(qv, k[s], acc[s][g]);
     }
   }
-  for (int g = 0; g < H; ++g) logits[g] = horizontal_sum(acc[g]);
+  for (int s = 0; s < S; ++s)
+    for (int g = 0; g < H; ++g) logits[s][g] = horizontal_sum(acc[s][g]);
 }
 
 /// See chunk_pv in attention_math.hpp.
 template <int H, class CacheT>
 inline void chunk_pv(const CacheT* value_row, const int* block_ids, std::int64_t block_stride, int block_size,
                      int blocks, int last_block_slots, const float* probs, int probs_stride, float (&sums)[H]) {
-  __m256 part[H];
-  for (int g = 0; g < H; ++g) part[g] = _mm256_setzero_ps();
+  // Two accumulator sets (even and odd groups of 8 slots) halve the FMA dependency chains.
+  __m256 even[H], odd[H];
+  for (int g = 0; g < H; ++g) even[g] = odd[g] = _mm256_setzero_ps();
   float tail[H] = {};
   for (int lb = 0; lb < blocks; ++lb) {
     const CacheT* v = value_row + block_ids[lb] * block_stride;
     const float* p = probs + lb * block_size;
     const int slots = lb + 1 == blocks ? last_block_slots : block_size;
     int slot = 0;
-    for (; slot + 8 <= slots; slot += 8) {
-      const __m256 vv = load8(v + slot);
-      for (int g = 0; g < H; ++g) part[g] = _mm256_fmadd_ps(_mm256_loadu_ps(p + g * probs_stride + slot), vv, part[g]);
+    for (; slot + 16 <= slots; slot += 16) {
+      const __m256 v0 = load8(v + slot);
+      const __m256 v1 = load8(v + slot + 8);
+      for (int g = 0; g < H; ++g) {
+        even[g] = _mm256_fmadd_ps(_mm256_loadu_ps(p + g * probs_stride + slot), v0, even[g]);
+        odd[g] = _mm256_fmadd_ps(_mm256_loadu_ps(p + g * probs_stride + slot + 8), v1, odd[g]);
+      }
+    }
+    if (slot + 8 <= slots) {
+      const __m256 v0 = load8(v + slot);
+      for (int g = 0; g < H; ++g) even[g] = _mm256_fmadd_ps(_mm256_loadu_ps(p + g * probs_stride + slot), v0, even[g]);
+      slot += 8;
     }
     for (; slot < slots; ++slot) {
       const float vv = to_float(v[slot]);
       for (int g = 0; g < H; ++g) tail[g] += p[g * probs_stride + slot] * vv;
     }
   }
-  for (int g = 0; g < H; ++g) sums[g] = horizontal_sum(part[g]) + tail[g];
+  for (int g = 0; g < H; ++g) sums[g] = horizontal_sum(_mm256_add_ps(even[g], odd[g])) + tail[g];
 }
 
 }  // namespace kpa::detail::x86
