@@ -41,7 +41,14 @@ Options parse(int argc, char** argv) {
       }
       return std::atoi(argv[++i]);
     };
-    if (arg == "--batch") o.batch = next();
+    if (arg == "--help" || arg == "-h") {
+      std::printf(
+          "usage: kpa-decode [--batch N] [--seq-len L] [--heads H] [--kv-heads K] [--head-size D]\n"
+          "                  [--block-size B] [--iters I]\n"
+          "Decodes one step of N sequences of L tokens (f16 paged cache) with kpa::paged_attention,\n"
+          "checks the result against paged_attention_v1 and prints the plan and the time per call.\n");
+      std::exit(0);
+    } else if (arg == "--batch") o.batch = next();
     else if (arg == "--seq-len") o.seq_len = next();
     else if (arg == "--heads") o.heads = next();
     else if (arg == "--kv-heads") o.kv_heads = next();
