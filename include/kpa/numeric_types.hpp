@@ -1,7 +1,8 @@
 #pragma once
-// Storage types for 2-byte KV caches and activations. Kokkos' own half_t is a 4-byte float on
-// host-only builds and 3.4 has no bfloat16, so kpa carries its own: two bytes on every back end,
-// converted bit-exactly (round to nearest even) in host and device code.
+// Storage types for 2- and 1-byte KV caches and activations. Kokkos' own half_t is a 4-byte float
+// on host-only builds, 3.4 has no bfloat16 and no Kokkos has fp8, so kpa carries its own: two or
+// one bytes on every back end, converted bit-exactly (round to nearest even) in host and device
+// code.
 
 #include <kpa/detail/kokkos_compat.hpp>
 
@@ -80,6 +81,101 @@ KOKKOS_INLINE_FUNCTION bfloat16 to_bfloat16(float f) {
   return bfloat16{static_cast<std::uint16_t>(rounded >> 16)};
 }
 
+/// OCP FP8 E4M3FN storage: bias 7, largest finite 448, no infinities, NaN = S.1111.111.
+struct fp8_e4m3 {
+  std::uint8_t bits;
+};
+
+/// OCP FP8 E5M2 storage: bias 15, largest finite 57344, infinities and NaNs.
+struct fp8_e5m2 {
+  std::uint8_t bits;
+};
+
+static_assert(sizeof(fp8_e4m3) == 1 && sizeof(fp8_e5m2) == 1, "kpa fp8 types must be 1 byte");
+
+namespace detail {
+
+/// Decodes an fp8 code with `Mantissa` mantissa bits and exponent bias `Bias` (exact). Like
+/// to_float(half): exponent and mantissa shifted into float position and scaled by 2^(127-Bias),
+/// which also turns fp8 subnormals into the right floats.
+KOKKOS_INLINE_FUNCTION constexpr float power_of_two(int exponent) {
+  float value = 1.0f;
+  for (int i = 0; i < exponent; ++i) value *= 2.0f;
+  return value;
+}
+
+template <int Mantissa, int Bias>
+KOKKOS_INLINE_FUNCTION float fp8_magnitude_to_float(std::uint32_t magnitude) {
+  constexpr float rebias = power_of_two(127 - Bias);
+  return compat::bit_cast<float>(magnitude << (23 - Mantissa)) * rebias;
+}
+
+/// Rounds |f| (given as float bits, finite, below the format's largest finite value) to the
+/// nearest fp8 magnitude code, ties to even.
+template <int Mantissa, int Bias>
+KOKKOS_INLINE_FUNCTION std::uint8_t fp8_round_magnitude(std::uint32_t magnitude) {
+  constexpr int min_exponent = 1 - Bias;  // of the smallest normal
+  const int exponent = static_cast<int>(magnitude >> 23) - 127;
+  if (exponent < min_exponent) {  // an fp8 subnormal, or zero
+    if ((magnitude >> 23) == 0) return 0;  // float zero or subnormal: far below the fp8 grid
+    // value = mantissa * 2^(exponent - 23); fp8 subnormal step = 2^(min_exponent - Mantissa)
+    const int shift = 23 + min_exponent - Mantissa - exponent;
+    if (shift > 24) return 0;  // below half the smallest subnormal
+    const std::uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;
+    std::uint32_t rounded = mantissa >> shift;
+    const std::uint32_t remainder = mantissa & ((1u << shift) - 1u);
+    const std::uint32_t halfway = 1u << (shift - 1);
+    if (remainder > halfway || (remainder == halfway && (rounded & 1u))) ++rounded;
+    return static_cast<std::uint8_t>(rounded);
+  }
+  constexpr int shift = 23 - Mantissa;
+  const std::uint32_t rebiased = magnitude - (static_cast<std::uint32_t>(127 - Bias) << 23);
+  const std::uint32_t rounded = rebiased + ((1u << (shift - 1)) - 1u) + ((rebiased >> shift) & 1u);
+  return static_cast<std::uint8_t>(rounded >> shift);
+}
+
+}  // namespace detail
+
+/// Exact. NaN codes give a quiet NaN.
+KOKKOS_INLINE_FUNCTION float to_float(fp8_e4m3 v) {
+  const std::uint32_t magnitude = v.bits & 0x7fu;
+  float value = detail::fp8_magnitude_to_float<3, 7>(magnitude);
+  if (magnitude == 0x7fu) value = detail::compat::bit_cast<float>(0x7fc00000u);
+  return detail::compat::bit_cast<float>(detail::compat::bit_cast<std::uint32_t>(value) |
+                                         (static_cast<std::uint32_t>(v.bits & 0x80u) << 24));
+}
+
+/// Exact. Infinities stay infinite; NaN codes give a quiet NaN.
+KOKKOS_INLINE_FUNCTION float to_float(fp8_e5m2 v) {
+  const std::uint32_t magnitude = v.bits & 0x7fu;
+  float value = detail::fp8_magnitude_to_float<2, 15>(magnitude);
+  if (magnitude >= 0x7cu) {
+    value = detail::compat::bit_cast<float>(magnitude == 0x7cu ? 0x7f800000u : 0x7fc00000u);
+  }
+  return detail::compat::bit_cast<float>(detail::compat::bit_cast<std::uint32_t>(value) |
+                                         (static_cast<std::uint32_t>(v.bits & 0x80u) << 24));
+}
+
+/// Round to nearest even, saturated to +-448 (infinities included); NaN gives NaN (S.1111.111).
+KOKKOS_INLINE_FUNCTION fp8_e4m3 to_fp8_e4m3(float f) {
+  const std::uint32_t x = detail::compat::bit_cast<std::uint32_t>(f);
+  const auto sign = static_cast<std::uint8_t>((x >> 24) & 0x80u);
+  const std::uint32_t magnitude = x & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return fp8_e4m3{static_cast<std::uint8_t>(sign | 0x7fu)};
+  if (magnitude >= 0x43e00000u) return fp8_e4m3{static_cast<std::uint8_t>(sign | 0x7eu)};  // >= 448
+  return fp8_e4m3{static_cast<std::uint8_t>(sign | detail::fp8_round_magnitude<3, 7>(magnitude))};
+}
+
+/// Round to nearest even, saturated to +-57344 (infinities included); NaN gives NaN.
+KOKKOS_INLINE_FUNCTION fp8_e5m2 to_fp8_e5m2(float f) {
+  const std::uint32_t x = detail::compat::bit_cast<std::uint32_t>(f);
+  const auto sign = static_cast<std::uint8_t>((x >> 24) & 0x80u);
+  const std::uint32_t magnitude = x & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return fp8_e5m2{static_cast<std::uint8_t>(sign | 0x7fu)};
+  if (magnitude >= 0x47600000u) return fp8_e5m2{static_cast<std::uint8_t>(sign | 0x7bu)};  // >= 57344
+  return fp8_e5m2{static_cast<std::uint8_t>(sign | detail::fp8_round_magnitude<2, 15>(magnitude))};
+}
+
 KOKKOS_INLINE_FUNCTION float to_float(float f) { return f; }
 
 namespace detail {
@@ -99,6 +195,14 @@ KOKKOS_INLINE_FUNCTION half from_float<half>(float f) {
 template <>
 KOKKOS_INLINE_FUNCTION bfloat16 from_float<bfloat16>(float f) {
   return to_bfloat16(f);
+}
+template <>
+KOKKOS_INLINE_FUNCTION fp8_e4m3 from_float<fp8_e4m3>(float f) {
+  return to_fp8_e4m3(f);
+}
+template <>
+KOKKOS_INLINE_FUNCTION fp8_e5m2 from_float<fp8_e5m2>(float f) {
+  return to_fp8_e5m2(f);
 }
 
 template <class T>
