@@ -36,8 +36,8 @@ struct Partials {
   }
 };
 
-template <class T, class Space>
-void run_version(Version version, DeviceProblem<T, Space>& d, int partition_size, const kpa::PlanOptions& options,
+template <class T, class Space, class C>
+void run_version(Version version, DeviceProblem<T, Space, C>& d, int partition_size, const kpa::PlanOptions& options,
                  kpa::Workspace<Space>& workspace, const HostProblem& p) {
   const Space space;
   switch (version) {
@@ -66,12 +66,12 @@ void run_version(Version version, DeviceProblem<T, Space>& d, int partition_size
 /// Builds the problem for `spec`, runs every version in `versions` and compares each with the
 /// reference. v2 uses `partition_size`; the automatic path uses it too when `auto_partition`
 /// is set, and the planner's choice otherwise.
-template <class T, class Space>
+template <class T, class Space, class C = T>
 void check_attention(const ProblemSpec& spec, int partition_size, const kpa::PlanOptions& options = {},
                      bool auto_partition = true) {
   const HostProblem p = make_problem<T>(spec);
   const std::vector<double> ref = reference_attention(p);
-  DeviceProblem<T, Space> d(p);
+  DeviceProblem<T, Space, C> d(p);
   kpa::Workspace<Space> workspace;
   for (Version version : kAllVersions) {
     Kokkos::deep_copy(d.out, kpa::detail::from_float<T>(std::numeric_limits<float>::quiet_NaN()));

@@ -34,11 +34,33 @@ struct ProblemSpec {
   bool alibi = false;
   int extra_columns = 1;  ///< block-table columns beyond the longest sequence (filled with garbage)
   std::uint64_t seed = 1;
+  kpa::KVCacheDType kv_cache_dtype = kpa::KVCacheDType::Auto;
+  float k_scale = 1.0f, v_scale = 1.0f;
+  kpa::BlockSparse sparse;  ///< blocks no head of a kv group attends are filled with NaN
+  int tp_rank = 0;
 };
 
 template <class T>
 float round_to(float v) {
   return kpa::to_float(kpa::detail::from_float<T>(v));
+}
+
+/// The one-byte code of v in an fp8 cache of the given format and scale.
+inline std::uint8_t fp8_code(kpa::KVCacheDType dtype, float v, float scale) {
+  return dtype == kpa::KVCacheDType::Fp8E5M2 ? kpa::to_fp8_e5m2(v / scale).bits : kpa::to_fp8_e4m3(v / scale).bits;
+}
+
+/// The value an fp8 code stands for (dequantised with its scale).
+inline float fp8_value(kpa::KVCacheDType dtype, std::uint8_t code, float scale) {
+  return (dtype == kpa::KVCacheDType::Fp8E5M2 ? kpa::to_float(kpa::fp8_e5m2{code}) : kpa::to_float(kpa::fp8_e4m3{code})) *
+         scale;
+}
+
+/// v as the cache stores it: rounded to T for "auto", quantised and dequantised for fp8.
+template <class T>
+float round_to_cache(const ProblemSpec& spec, float v, float scale) {
+  if (spec.kv_cache_dtype == kpa::KVCacheDType::Auto) return round_to<T>(v);
+  return fp8_value(spec.kv_cache_dtype, fp8_code(spec.kv_cache_dtype, v, scale), scale);
 }
 
 /// Builds the host problem; values are already rounded to T.
@@ -90,8 +112,8 @@ HostProblem make_problem(const ProblemSpec& spec) {
         for (int d = 0; d < p.head_size; ++d) {
           const std::size_t i = p.kv_index(block, g, t % spec.block_size, d);
           if (std::isnan(p.keys[i])) {  // shared blocks keep the owner's values
-            p.keys[i] = round_to<T>(uniform(rng));
-            p.values[i] = round_to<T>(uniform(rng));
+            p.keys[i] = round_to_cache<T>(spec, uniform(rng), spec.k_scale);
+            p.values[i] = round_to_cache<T>(spec, uniform(rng), spec.v_scale);
           }
         }
       }
@@ -103,17 +125,40 @@ HostProblem make_problem(const ProblemSpec& spec) {
     p.alibi.resize(p.num_heads);
     for (int h = 0; h < p.num_heads; ++h) p.alibi[h] = std::exp2(-8.0f * (h + 1) / p.num_heads);
   }
+  p.kv_cache_dtype = spec.kv_cache_dtype;
+  p.k_scale = spec.k_scale;
+  p.v_scale = spec.v_scale;
+  p.sparse = spec.sparse;
+  p.tp_rank = spec.tp_rank;
+  // Blocks that no query head of a kv group attends must not be read: make them NaN.
+  for (int s = 0; s < p.num_seqs; ++s) {
+    for (int t = 0; t < spec.seq_lens[s]; t += spec.block_size) {
+      const int block = p.block_tables[static_cast<std::size_t>(s) * p.max_blocks_per_seq + t / spec.block_size];
+      for (int g = 0; g < p.num_kv_heads; ++g) {
+        const int group = p.num_heads / p.num_kv_heads;
+        bool read = false;
+        for (int h = g * group; h < (g + 1) * group; ++h) read = read || p.attends(s, h, t);
+        if (read) continue;
+        for (int o = 0; o < p.block_size; ++o)
+          for (int d = 0; d < p.head_size; ++d) {
+            p.keys[p.kv_index(block, g, o, d)] = std::numeric_limits<float>::quiet_NaN();
+            p.values[p.kv_index(block, g, o, d)] = std::numeric_limits<float>::quiet_NaN();
+          }
+      }
+    }
+  }
   return p;
 }
 
-/// The problem's views on Space, in the layouts of the kpa/vLLM contract.
-template <class T, class Space>
+/// The problem's views on Space, in the layouts of the kpa/vLLM contract. C is the cache
+/// element: T for "auto" caches, std::uint8_t for fp8 caches.
+template <class T, class Space, class C = T>
 struct DeviceProblem {
   using memory_space = typename Space::memory_space;
   Kokkos::View<T***, Kokkos::LayoutRight, memory_space> query;
   Kokkos::View<T***, Kokkos::LayoutRight, memory_space> out;
-  Kokkos::View<T*****, Kokkos::LayoutRight, memory_space> key_cache;
-  Kokkos::View<T****, Kokkos::LayoutRight, memory_space> value_cache;
+  Kokkos::View<C*****, Kokkos::LayoutRight, memory_space> key_cache;
+  Kokkos::View<C****, Kokkos::LayoutRight, memory_space> value_cache;
   Kokkos::View<int**, Kokkos::LayoutRight, memory_space> block_tables;
   Kokkos::View<int*, memory_space> seq_lens;
   Kokkos::View<float*, memory_space> alibi;
@@ -123,15 +168,28 @@ struct DeviceProblem {
   explicit DeviceProblem(const HostProblem& p)
       : query("query", p.num_seqs, p.num_heads, p.head_size),
         out("out", p.num_seqs, p.num_heads, p.head_size),
-        key_cache("key_cache", p.num_blocks, p.num_kv_heads, p.head_size / (16 / sizeof(T)), p.block_size,
-                  16 / sizeof(T)),
+        key_cache("key_cache", p.num_blocks, p.num_kv_heads, p.head_size / (16 / sizeof(C)), p.block_size,
+                  16 / sizeof(C)),
         value_cache("value_cache", p.num_blocks, p.num_kv_heads, p.head_size, p.block_size),
         block_tables("block_tables", p.num_seqs, p.max_blocks_per_seq),
         seq_lens("seq_lens", p.num_seqs),
         alibi("alibi", p.alibi.size()),
         max_seq_len(p.max_seq_len()) {
     params.scale = p.scale;
-    const int x = static_cast<int>(16 / sizeof(T));
+    params.kv_cache_dtype = p.kv_cache_dtype;
+    params.k_scale = p.k_scale;
+    params.v_scale = p.v_scale;
+    params.block_sparse = p.sparse;
+    params.tp_rank = p.tp_rank;
+    const int x = static_cast<int>(16 / sizeof(C));
+    const auto to_cache = [&](float v, float scale) {
+      if constexpr (std::is_same_v<C, std::uint8_t>) {
+        // NaN (unread slots) stays NaN; stored values are exactly representable by construction.
+        return std::isnan(v) ? std::uint8_t{0x7f} : fp8_code(p.kv_cache_dtype, v, scale);
+      } else {
+        return kpa::detail::from_float<T>(v);
+      }
+    };
     auto q = Kokkos::create_mirror_view(query);
     for (int s = 0; s < p.num_seqs; ++s)
       for (int h = 0; h < p.num_heads; ++h)
@@ -144,8 +202,8 @@ struct DeviceProblem {
       for (int g = 0; g < p.num_kv_heads; ++g)
         for (int o = 0; o < p.block_size; ++o)
           for (int d = 0; d < p.head_size; ++d) {
-            k(b, g, d / x, o, d % x) = kpa::detail::from_float<T>(p.keys[p.kv_index(b, g, o, d)]);
-            v(b, g, d, o) = kpa::detail::from_float<T>(p.values[p.kv_index(b, g, o, d)]);
+            k(b, g, d / x, o, d % x) = to_cache(p.keys[p.kv_index(b, g, o, d)], p.k_scale);
+            v(b, g, d, o) = to_cache(p.values[p.kv_index(b, g, o, d)], p.v_scale);
           }
     Kokkos::deep_copy(key_cache, k);
     Kokkos::deep_copy(value_cache, v);

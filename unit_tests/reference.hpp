@@ -8,6 +8,8 @@
 #include <limits>
 #include <vector>
 
+#include <kpa/attention_params.hpp>
+
 namespace kpa_test {
 
 /// A decode batch on the host. Values are stored as the kernels will see them (already rounded
@@ -27,6 +29,12 @@ struct HostProblem {
   std::vector<float> keys;        // [num_blocks][num_kv_heads][block_size][head_size]
   std::vector<float> values;      // [num_blocks][num_kv_heads][block_size][head_size]
   std::vector<float> alibi;       // [num_heads] or empty
+  // Cache format: keys and values above are the dequantised values the kernels must see.
+  kpa::KVCacheDType kv_cache_dtype = kpa::KVCacheDType::Auto;
+  float k_scale = 1.0f, v_scale = 1.0f;
+  // Block-sparse pattern (dense unless sparse.vert_stride > 1), for tensor-parallel rank tp_rank.
+  kpa::BlockSparse sparse;
+  int tp_rank = 0;
 
   int max_seq_len() const {
     int m = 0;
@@ -47,6 +55,19 @@ struct HostProblem {
     double l = static_cast<double>(scale) * dot;
     if (!alibi.empty()) l += static_cast<double>(alibi[head]) * (token - seq_lens[seq] + 1);
     return l;
+  }
+  /// vLLM's block-sparse rule, read from its kernel's description: whether query head `head`
+  /// of sequence `seq` attends `token`.
+  bool attends(int seq, int head, int token) const {
+    if (sparse.vert_stride <= 1) return true;
+    const int query_sparse_block = (seq_lens[seq] - 1) / sparse.block_size;
+    const int key_sparse_block = (token / block_size) * block_size / sparse.block_size;
+    const int kv_head = head / (num_heads / num_kv_heads);
+    const int offset = sparse.head_sliding_step >= 0
+                           ? (tp_rank * num_heads + head) * sparse.head_sliding_step + 1
+                           : (tp_rank * num_kv_heads + kv_head) * (-sparse.head_sliding_step) + 1;
+    return (key_sparse_block + offset) % sparse.vert_stride == 0 ||
+           key_sparse_block > query_sparse_block - sparse.local_blocks;
   }
   double value(int seq, int head, int token, int d) const {
     const int kv_head = head / (num_heads / num_kv_heads);
@@ -69,10 +90,13 @@ inline ReferencePart reference_part(const HostProblem& p, int seq, int head, int
   if (begin >= end) return part;
   std::vector<double> logits(end - begin);
   for (int t = begin; t < end; ++t) {
+    if (!p.attends(seq, head, t)) continue;
     logits[t - begin] = p.logit(seq, head, t);
     part.max_logit = std::fmax(part.max_logit, logits[t - begin]);
   }
+  if (part.max_logit == -std::numeric_limits<double>::infinity()) return part;  // nothing attended
   for (int t = begin; t < end; ++t) {
+    if (!p.attends(seq, head, t)) continue;
     const double w = std::exp(logits[t - begin] - part.max_logit);
     part.exp_sum += w;
     for (int d = 0; d < p.head_size; ++d) part.out[d] += w * p.value(seq, head, t, d);

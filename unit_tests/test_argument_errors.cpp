@@ -113,24 +113,40 @@ TYPED_TEST(ArgumentErrors, CheckIndicesOffSkipsTheValuePass) {
   expect_close_to_reference<float>(f.d.out, reference_attention(f.host), "v1 without index checks");
 }
 
-TYPED_TEST(ArgumentErrors, UnsupportedFeaturesSayNotSupportedYet) {
-  Fixture<TypeParam, float> f(small_spec());
+TYPED_TEST(ArgumentErrors, KvCacheDtypeMustMatchTheCacheElement) {
+  using Space = TypeParam;
+  Fixture<Space, float> f(small_spec());
   auto params = f.d.params;
   params.kv_cache_dtype = kpa::KVCacheDType::Fp8E4M3;
-  f.all(40, params, "fp8 KV caches are not supported yet");
-  params = f.d.params;
-  params.block_sparse.vert_stride = 4;
-  f.all(40, params, "block-sparse attention is not supported yet");
-  using Space = TypeParam;
-  // A one-byte cache is an fp8 cache.
+  f.all(40, params, "kv_cache_dtype fp8_e4m3 does not match a 4-byte cache element");
+  // A one-byte cache is an fp8 cache: "auto" cannot describe it.
   Kokkos::View<std::uint8_t*****, Kokkos::LayoutRight, typename Space::memory_space> k8("k8", 4, 2, 4, 16, 16);
   Kokkos::View<std::uint8_t****, Kokkos::LayoutRight, typename Space::memory_space> v8("v8", 4, 2, 64, 16);
-  expect_error(
-      [&] {
-        kpa::paged_attention_v1(Space(), f.d.out, f.d.query, k8, v8, f.d.block_tables, f.d.seq_lens, 40, f.d.alibi,
-                                f.d.params);
-      },
-      "not supported yet");
+  auto run = [&](const kpa::AttentionParams& p) {
+    kpa::paged_attention_v1(Space(), f.d.out, f.d.query, k8, v8, f.d.block_tables, f.d.seq_lens, 40, f.d.alibi, p);
+  };
+  expect_error([&] { run(f.d.params); }, "kv_cache_dtype auto does not match a 1-byte cache element");
+  params.k_scale = 0.0f;
+  expect_error([&] { run(params); }, "fp8 scales must be positive, got k_scale 0");
+}
+
+TYPED_TEST(ArgumentErrors, InvalidBlockSparseCombinations) {
+  Fixture<TypeParam, float> f(small_spec());
+  auto params = f.d.params;
+  params.block_sparse.vert_stride = 4;
+  params.block_sparse.block_size = 24;  // not a multiple of the cache block size 16
+  f.all(40, params, "block_sparse.block_size 24 is not a positive multiple of block_size 16");
+  params.block_sparse.block_size = 32;
+  params.block_sparse.local_blocks = -1;
+  f.all(40, params, "block_sparse.local_blocks must not be negative, got -1");
+  params.block_sparse.local_blocks = 1;
+  params.tp_rank = -2;
+  f.all(40, params, "tp_rank must not be negative, got -2");
+  // vert_stride <= 1 is dense attention: the other fields are not looked at.
+  params = f.d.params;
+  params.block_sparse.vert_stride = 1;
+  params.block_sparse.block_size = 24;
+  EXPECT_NO_THROW(f.v1(40, params));
 }
 
 TYPED_TEST(ArgumentErrors, ShapesThatDoNotFit) {

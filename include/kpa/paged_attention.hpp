@@ -103,6 +103,21 @@ Policy team_policy_for(const char* call, const typename Policy::execution_space&
   return policy;
 }
 
+/// Calls `run.template operator()<StorageT>()` with the element type the kernels read the cache
+/// as: the view's type for "auto", the fp8 format named by kv_cache_dtype for std::uint8_t.
+template <class CacheT, class Run>
+void with_cache_storage(KVCacheDType dtype, Run&& run) {
+  if constexpr (std::is_same_v<CacheT, std::uint8_t>) {
+    if (dtype == KVCacheDType::Fp8E5M2) {
+      run(static_cast<fp8_e5m2*>(nullptr));
+    } else {
+      run(static_cast<fp8_e4m3*>(nullptr));
+    }
+  } else {
+    run(static_cast<CacheT*>(nullptr));
+  }
+}
+
 template <class Space, class OutView, class QueryView, class KeyCacheView, class ValueCacheView, class BlockTableView,
           class SeqLenView, class AlibiView, class PartialView, class TmpOutView>
 void run_partition_kernel(const char* label, const Space& space, const LaunchPlan& plan, Output output,
@@ -112,9 +127,8 @@ void run_partition_kernel(const char* label, const Space& space, const LaunchPla
                           const AlibiView& alibi_slopes, const AttentionParams& params, const PartialView& exp_sums,
                           const PartialView& max_logits, const TmpOutView& tmp_out) {
   using CacheT = typename KeyCacheView::non_const_value_type;
-  using Kernel = PartitionKernel<Space, CacheT, OutView, QueryView, BlockTableView, SeqLenView, AlibiView, PartialView,
-                                 TmpOutView>;
   if (plan.tiles == 0) return;
+  const bool fp8 = params.kv_cache_dtype != KVCacheDType::Auto;
   PartitionGeometry geo;
   geo.output = output;
   geo.num_kv_heads = shape.num_kv_heads;
@@ -127,13 +141,37 @@ void run_partition_kernel(const char* label, const Space& space, const LaunchPla
   geo.tiles = plan.tiles;
   geo.league_size = plan.league_size;
   geo.chunk_tokens = chunk_tokens_for(shape.block_size);
-  geo.scale = params.scale;
+  // Keys are dequantised through the query (q . (k s) = (q s) . k), values through the output.
+  geo.scale = params.scale * (fp8 ? params.k_scale : 1.0f);
+  geo.value_scale = fp8 ? params.v_scale : 1.0f;
+  if (params.block_sparse.vert_stride > 1) {
+    geo.sparse.vert_stride = params.block_sparse.vert_stride;
+    geo.sparse.local_blocks = params.block_sparse.local_blocks;
+    geo.sparse.block_size = params.block_sparse.block_size;
+    geo.sparse.head_sliding_step = params.block_sparse.head_sliding_step;
+    geo.sparse.tp_rank = params.tp_rank;
+    geo.sparse.num_heads = shape.num_heads;
+  }
   geo.cache_head_stride = static_cast<std::int64_t>(shape.head_size) * shape.block_size;
   geo.cache_block_stride = geo.cache_head_stride * shape.num_kv_heads;
-  Kernel kernel{out,      query,    key_cache.data(), value_cache.data(), block_tables, seq_lens, alibi_slopes,
-                exp_sums, max_logits, tmp_out,        geo};
-  const auto policy = team_policy_for<typename Kernel::policy_type>(label, space, plan, plan.league_size, kernel);
-  Kokkos::parallel_for(label, policy, kernel);
+  with_cache_storage<CacheT>(params.kv_cache_dtype, [&](auto* storage) {
+    using StorageT = std::remove_pointer_t<decltype(storage)>;
+    using Kernel = PartitionKernel<Space, StorageT, OutView, QueryView, BlockTableView, SeqLenView, AlibiView,
+                                   PartialView, TmpOutView>;
+    Kernel kernel{out,
+                  query,
+                  reinterpret_cast<const StorageT*>(key_cache.data()),
+                  reinterpret_cast<const StorageT*>(value_cache.data()),
+                  block_tables,
+                  seq_lens,
+                  alibi_slopes,
+                  exp_sums,
+                  max_logits,
+                  tmp_out,
+                  geo};
+    const auto policy = team_policy_for<typename Kernel::policy_type>(label, space, plan, plan.league_size, kernel);
+    Kokkos::parallel_for(label, policy, kernel);
+  });
 }
 
 template <class Space, class OutView, class SeqLenView, class PartialView, class TmpOutView>

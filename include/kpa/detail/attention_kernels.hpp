@@ -38,6 +38,16 @@ inline int chunk_tokens_for(int block_size) {
 
 enum class Output { Final, Partition };
 
+/// vLLM's block-sparse pattern, in the kernel's terms.
+struct BlockSparseGeometry {
+  int vert_stride = 0;  ///< <= 1: dense
+  int local_blocks = 0;
+  int block_size = 1;  ///< tokens per sparse block (a multiple of the cache block size)
+  int head_sliding_step = 0;
+  int tp_rank = 0;
+  int num_heads = 0;  ///< query heads on this rank
+};
+
 /// Everything a PartitionKernel needs besides its views.
 struct PartitionGeometry {
   Output output = Output::Final;
@@ -51,7 +61,9 @@ struct PartitionGeometry {
   int tiles = 0;
   int league_size = 0;
   int chunk_tokens = 0;
-  float scale = 1.0f;
+  float scale = 1.0f;        ///< multiplies q.k (includes the fp8 key scale)
+  float value_scale = 1.0f;  ///< fp8 value scale (1 otherwise)
+  BlockSparseGeometry sparse;
   std::int64_t cache_block_stride = 0;  ///< elements between consecutive physical blocks
   std::int64_t cache_head_stride = 0;   ///< elements between kv heads inside a block
 };
@@ -149,6 +161,31 @@ struct PartitionKernel {
     int seq, kv_head, first_head, heads, seq_len, begin, end, partition;
   };
 
+  /// Block-sparse pattern (vLLM's blocksparse_* arguments): which heads of the pass attend the
+  /// block starting at token `block_token`; returns whether any real head does. Padding heads
+  /// follow the real ones. Dense attention attends everything.
+  template <int H>
+  KOKKOS_INLINE_FUNCTION bool block_mask(const Pass& pass, int block_token, bool (&attends)[H]) const {
+    if (geo.sparse.vert_stride <= 1) {
+      for (int g = 0; g < H; ++g) attends[g] = true;
+      return true;
+    }
+    const BlockSparseGeometry& bs = geo.sparse;
+    const int query_block = (pass.seq_len - 1) / bs.block_size;
+    const int key_block = block_token / bs.block_size;
+    const bool local = key_block > query_block - bs.local_blocks;
+    bool any = false;
+    for (int g = 0; g < pass.heads; ++g) {
+      const int offset = bs.head_sliding_step >= 0
+                             ? (bs.tp_rank * bs.num_heads + pass.first_head + g) * bs.head_sliding_step + 1
+                             : (bs.tp_rank * geo.num_kv_heads + pass.kv_head) * -bs.head_sliding_step + 1;
+      attends[g] = local || (key_block + offset) % bs.vert_stride == 0;
+      any = any || attends[g];
+    }
+    for (int g = pass.heads; g < H; ++g) attends[g] = any;
+    return any;
+  }
+
   template <int H>
   KOKKOS_INLINE_FUNCTION void run_pass(const member_type& member, const Scratch& scratch, const Pass& pass) const {
     constexpr int X = static_cast<int>(16 / sizeof(CacheT));  // elements per 16-byte key vector
@@ -189,6 +226,18 @@ struct PartitionKernel {
         const int block_token = chunk_begin + lb * B;
         const int slots = slots_in(lb);
         const int block_id = block_tables(seq, block_token / B);
+        bool attends[H];
+        const bool any_attends = block_mask<H>(pass, block_token, attends);
+        if (!any_attends) {  // skipped for every head of the pass: not read at all
+          for (int g = 0; g < H; ++g) {
+            Kokkos::single(Kokkos::PerThread(member), [&]() {
+              block_max[g * CB + lb] = -compat::infinity();
+              block_sum[g * CB + lb] = 0.0f;
+            });
+          }
+          Kokkos::single(Kokkos::PerThread(member), [&]() { scratch.block_ids[lb] = -1; });
+          return;
+        }
         const CacheT* key_block = key_head + block_id * geo.cache_block_stride;
         constexpr int S = kSlotsPerCall;
         const CacheT* value_block = value_head + block_id * geo.cache_block_stride;
@@ -206,6 +255,14 @@ struct PartitionKernel {
         });
         for (int g = 0; g < H; ++g) {
           float* p = probs + g * CT + lb * B;
+          if (!attends[g]) {  // block-sparse: no weight for this head
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, slots), [&](int slot) { p[slot] = 0.0f; });
+            Kokkos::single(Kokkos::PerThread(member), [&]() {
+              block_max[g * CB + lb] = -compat::infinity();
+              block_sum[g * CB + lb] = 0.0f;
+            });
+            continue;
+          }
           float block_max_logit = -compat::infinity();
           Kokkos::parallel_reduce(
               Kokkos::ThreadVectorRange(member, slots),
@@ -241,9 +298,13 @@ struct PartitionKernel {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, H * blocks), [&](int i) {
         const int g = i / blocks;
         const int lb = i % blocks;
-        const float weight = compat::exp(block_max[g * CB + lb] - running[g].max_logit);
         float* p = probs + g * CT + lb * B;
-        Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, slots_in(lb)), [&](int slot) { p[slot] *= weight; });
+        if (block_sum[g * CB + lb] > 0.0f) {
+          const float weight = compat::exp(block_max[g * CB + lb] - running[g].max_logit);
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, slots_in(lb)), [&](int slot) { p[slot] *= weight; });
+        } else {  // a block without weight (block-sparse); the running state may still be empty
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, slots_in(lb)), [&](int slot) { p[slot] = 0.0f; });
+        }
       });
       member.team_barrier();
 
@@ -268,7 +329,8 @@ struct PartitionKernel {
     // Results of the pass.
     Kokkos::parallel_for(Kokkos::TeamVectorRange(member, pass.heads * D), [&](int i) {
       const int g = i / D;
-      const float inv_sum = running[g].exp_sum > 0.0f ? 1.0f / running[g].exp_sum : 0.0f;
+      // fp8 values are dequantised here: the output is linear in V.
+      const float inv_sum = running[g].exp_sum > 0.0f ? geo.value_scale / running[g].exp_sum : 0.0f;
       if (geo.output == Output::Final) {
         out(seq, pass.first_head + g, i % D) = from_float<out_type>(o[i] * inv_sum);
       } else {

@@ -91,7 +91,8 @@ KOKKOS_INLINE_FUNCTION void slot_logits(const CacheT* key, int stride, int vecto
 /// sums[g] = sum over the chunk's slots of p_g[slot] * v[slot] for one output dimension, where
 /// `value_row` is that dimension's row in kv head 0 of physical block 0 (value_cache[0][h][d]),
 /// block lb of the chunk is physical block block_ids[lb], and p_g = probs + g * probs_stride
-/// holds the chunk's probabilities block after block. Only the last block may be partly filled.
+/// holds the chunk's probabilities block after block. Only the last block may be partly filled;
+/// a negative block id marks a block no head attends.
 template <int H, class CacheT>
 KOKKOS_INLINE_FUNCTION void chunk_pv(const CacheT* value_row, const int* block_ids, std::int64_t block_stride,
                                      int block_size, int blocks, int last_block_slots, const float* probs,
@@ -106,6 +107,7 @@ KOKKOS_INLINE_FUNCTION void chunk_pv(const CacheT* value_row, const int* block_i
   constexpr int W = kLanes;
   float part[H][W] = {};
   for (int lb = 0; lb < blocks; ++lb) {
+    if (block_ids[lb] < 0) continue;  // skipped by every head (block-sparse): never read
     const CacheT* v = value_row + block_ids[lb] * block_stride;
     const float* p = probs + lb * block_size;
     const int slots = lb + 1 == blocks ? last_block_slots : block_size;

@@ -78,13 +78,22 @@ ProblemShape check_attention_args(const char* call, const OutView& out, const Qu
                                   const BlockTableView& block_tables, const SeqLenView& seq_lens, int max_seq_len,
                                   const AlibiView& alibi_slopes, const AttentionParams& params) {
   using CacheT = typename KeyCacheView::non_const_value_type;
-  if (params.kv_cache_dtype != KVCacheDType::Auto || std::is_same_v<CacheT, std::uint8_t>) {
-    fail(call, "kv_cache_dtype ", to_string(params.kv_cache_dtype),
-         " with a ", sizeof(CacheT), "-byte cache element: fp8 KV caches are not supported yet");
+  const bool byte_cache = std::is_same_v<CacheT, std::uint8_t>;
+  if (byte_cache != (params.kv_cache_dtype != KVCacheDType::Auto)) {
+    fail(call, "kv_cache_dtype ", to_string(params.kv_cache_dtype), " does not match a ", sizeof(CacheT),
+         "-byte cache element (fp8 caches are std::uint8_t views, \"auto\" caches have the query type)");
   }
-  if (params.block_sparse.vert_stride > 1) {
-    fail(call, "block_sparse.vert_stride ", params.block_sparse.vert_stride,
-         ": block-sparse attention is not supported yet");
+  if (byte_cache && !(params.k_scale > 0.0f && params.v_scale > 0.0f)) {
+    fail(call, "fp8 scales must be positive, got k_scale ", params.k_scale, " and v_scale ", params.v_scale);
+  }
+  const BlockSparse& sparse = params.block_sparse;
+  if (sparse.vert_stride > 1) {
+    if (sparse.block_size <= 0 || sparse.block_size % static_cast<int>(key_cache.extent(3)) != 0) {
+      fail(call, "block_sparse.block_size ", sparse.block_size, " is not a positive multiple of block_size ",
+           key_cache.extent(3));
+    }
+    if (sparse.local_blocks < 0) fail(call, "block_sparse.local_blocks must not be negative, got ", sparse.local_blocks);
+    if (params.tp_rank < 0) fail(call, "tp_rank must not be negative, got ", params.tp_rank);
   }
   ProblemShape shape;
   shape.num_seqs = static_cast<int>(query.extent(0));

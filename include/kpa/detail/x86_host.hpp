@@ -19,8 +19,9 @@
 namespace kpa::detail::x86 {
 
 template <class CacheT>
-inline constexpr bool has_kernels_for =
-    std::is_same_v<CacheT, float> || std::is_same_v<CacheT, half> || std::is_same_v<CacheT, bfloat16>;
+inline constexpr bool has_kernels_for = std::is_same_v<CacheT, float> || std::is_same_v<CacheT, half> ||
+                                        std::is_same_v<CacheT, bfloat16> || std::is_same_v<CacheT, fp8_e4m3> ||
+                                        std::is_same_v<CacheT, fp8_e5m2>;
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
@@ -33,6 +34,34 @@ inline __m256 load8(const bfloat16* p) {
   const __m256i magnitude = _mm256_and_si256(wide, _mm256_set1_epi32(0x7fffffff));
   const __m256i nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000));
   return _mm256_castsi256_ps(_mm256_or_si256(wide, _mm256_and_si256(nan, _mm256_set1_epi32(0x400000))));
+}
+
+inline __m256i load8_bytes(const std::uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline __m256 load8(const fp8_e4m3* p) {
+  const __m256i b = load8_bytes(&p->bits);
+  const __m256i magnitude = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
+  const __m256 value = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(magnitude, 20)),
+                                     _mm256_set1_ps(power_of_two(127 - 7)));
+  const __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(magnitude, _mm256_set1_epi32(0x7f)));
+  const __m256 special = _mm256_blendv_ps(value, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), nan);
+  return _mm256_or_ps(special, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24)));
+}
+
+inline __m256 load8(const fp8_e5m2* p) {
+  const __m256i b = load8_bytes(&p->bits);
+  const __m256i magnitude = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
+  const __m256 value = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(magnitude, 21)),
+                                     _mm256_set1_ps(power_of_two(127 - 15)));
+  const __m256 infinite_or_nan = _mm256_castsi256_ps(_mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7b)));
+  const __m256 infinite = _mm256_castsi256_ps(_mm256_cmpeq_epi32(magnitude, _mm256_set1_epi32(0x7c)));
+  const __m256 special = _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)),
+                                          _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000)), infinite);
+  const __m256 magnitude_value = _mm256_blendv_ps(value, special, infinite_or_nan);
+  return _mm256_or_ps(magnitude_value,
+                      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24)));
 }
 
 /// Two 4-float key vectors (x = 4 for f32 caches) as one register.
@@ -64,19 +93,26 @@ inline void slot_logits(const CacheT* key, int stride, int vectors, const float*
   __m256 acc[S][H];
   for (int s = 0; s < S; ++s)
     for (int g = 0; g < H; ++g) acc[s][g] = _mm256_setzero_ps();
-  for (int dx = 0; dx < vectors; dx += 8 / X) {
-    __m256 k[S];
-    for (int s = 0; s < S; ++s) {
-      if constexpr (X == 8) {
-        k[s] = load8(key + s * X + dx * stride);
-      } else {
-        static_assert(X == 4 && std::is_same_v<CacheT, float>, "x86 slot_logits handles x = 8 and f32 x = 4");
-        k[s] = load4x2(key + s * X + dx * stride, key + s * X + (dx + 1) * stride);
+  if constexpr (X >= 8) {  // 2- and 1-byte caches: one or two registers per key vector
+    for (int dx = 0; dx < vectors; ++dx) {
+      for (int part = 0; part < X / 8; ++part) {
+        __m256 k[S];
+        for (int s = 0; s < S; ++s) k[s] = load8(key + s * X + dx * stride + part * 8);
+        for (int g = 0; g < H; ++g) {
+          const __m256 qv = _mm256_loadu_ps(q + g * head_size + dx * X + part * 8);
+          for (int s = 0; s < S; ++s) acc[s][g] = _mm256_fmadd_ps(qv, k[s], acc[s][g]);
+        }
       }
     }
-    for (int g = 0; g < H; ++g) {
-      const __m256 qv = _mm256_loadu_ps(q + g * head_size + dx * X);
-      for (int s = 0; s < S; ++s) acc[s][g] = _mm256_fmadd_ps(qv, k[s], acc[s][g]);
+  } else {  // f32 caches: two 4-float key vectors per register
+    static_assert(X == 4 && std::is_same_v<CacheT, float>, "x86 slot_logits: x = 4 only for f32 caches");
+    for (int dx = 0; dx < vectors; dx += 2) {
+      __m256 k[S];
+      for (int s = 0; s < S; ++s) k[s] = load4x2(key + s * X + dx * stride, key + s * X + (dx + 1) * stride);
+      for (int g = 0; g < H; ++g) {
+        const __m256 qv = _mm256_loadu_ps(q + g * head_size + dx * X);
+        for (int s = 0; s < S; ++s) acc[s][g] = _mm256_fmadd_ps(qv, k[s], acc[s][g]);
+      }
     }
   }
   for (int s = 0; s < S; ++s)
@@ -92,6 +128,7 @@ inline void chunk_pv(const CacheT* value_row, const int* block_ids, std::int64_t
   for (int g = 0; g < H; ++g) even[g] = odd[g] = _mm256_setzero_ps();
   float tail[H] = {};
   for (int lb = 0; lb < blocks; ++lb) {
+    if (block_ids[lb] < 0) continue;
     const CacheT* v = value_row + block_ids[lb] * block_stride;
     const float* p = probs + lb * block_size;
     const int slots = lb + 1 == blocks ? last_block_slots : block_size;
