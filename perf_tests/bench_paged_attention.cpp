@@ -7,6 +7,8 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <type_traits>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -19,12 +21,13 @@ using Memory = Space::memory_space;
 
 enum Version { V1 = 1, V2 = 2, Auto = 3 };
 
-template <class T>
+// T: query / output type; C: cache element (T, or std::uint8_t for an fp8 E4M3 cache).
+template <class T, class C = T>
 struct Batch {
   int num_seqs, seq_len, heads, kv_heads, head_size, block_size;
   Kokkos::View<T***, Kokkos::LayoutRight, Memory> query, out;
-  Kokkos::View<T*****, Kokkos::LayoutRight, Memory> key_cache;
-  Kokkos::View<T****, Kokkos::LayoutRight, Memory> value_cache;
+  Kokkos::View<C*****, Kokkos::LayoutRight, Memory> key_cache;
+  Kokkos::View<C****, Kokkos::LayoutRight, Memory> value_cache;
   Kokkos::View<int**, Kokkos::LayoutRight, Memory> block_tables;
   Kokkos::View<int*, Memory> seq_lens;
   Kokkos::View<float*, Memory> alibi{"alibi", 0};
@@ -46,8 +49,13 @@ struct Batch {
     Kokkos::parallel_for(
         "kpa_bench::fill", Kokkos::RangePolicy<Space>(0, k.size()), KOKKOS_LAMBDA(std::size_t i) {
           const auto hash = [](std::size_t s) { return ((s * 2654435761u) % 20011u) / 10005.5f - 1.0f; };
-          k.data()[i] = kpa::detail::from_float<T>(hash(i));
-          v.data()[i] = kpa::detail::from_float<T>(hash(i + 7919));
+          if constexpr (std::is_same_v<C, std::uint8_t>) {
+            k.data()[i] = kpa::to_fp8_e4m3(hash(i) * 100.0f).bits;
+            v.data()[i] = kpa::to_fp8_e4m3(hash(i + 7919) * 100.0f).bits;
+          } else {
+            k.data()[i] = kpa::detail::from_float<T>(hash(i));
+            v.data()[i] = kpa::detail::from_float<T>(hash(i + 7919));
+          }
           if (i < q.size()) q.data()[i] = kpa::detail::from_float<T>(hash(i + 104729));
         });
     std::vector<int> order(seqs * blocks());
@@ -62,10 +70,14 @@ struct Batch {
     Kokkos::deep_copy(block_tables, tables);
     Kokkos::deep_copy(seq_lens, lens);
     params.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    if constexpr (std::is_same_v<C, std::uint8_t>) {
+      params.kv_cache_dtype = kpa::KVCacheDType::Fp8E4M3;
+      params.k_scale = params.v_scale = 0.01f;
+    }
     params.check_indices = false;  // validated once above; time the kernels
   }
   int blocks() const { return (seq_len + block_size - 1) / block_size; }
-  static int x() { return static_cast<int>(16 / sizeof(T)); }
+  static int x() { return static_cast<int>(16 / sizeof(C)); }
 
   void run(Version version) {
     const Space space;
@@ -82,10 +94,10 @@ struct Batch {
 };
 
 // Arguments: version, batch, seq_len, heads, kv_heads, head_size, block_size.
-template <class T>
+template <class T, class C = T>
 void paged_attention(benchmark::State& state) {
   const auto version = static_cast<Version>(state.range(0));
-  Batch<T> batch(state.range(1), state.range(2), state.range(3), state.range(4), state.range(5), state.range(6));
+  Batch<T, C> batch(state.range(1), state.range(2), state.range(3), state.range(4), state.range(5), state.range(6));
   batch.run(version);  // warm-up, workspace allocation
   Space().fence();
   for (auto _ : state) {
@@ -93,7 +105,7 @@ void paged_attention(benchmark::State& state) {
     Space().fence();
   }
   const double tokens = static_cast<double>(batch.num_seqs) * batch.seq_len;
-  const double kv_bytes = 2.0 * tokens * batch.kv_heads * batch.head_size * sizeof(T);
+  const double kv_bytes = 2.0 * tokens * batch.kv_heads * batch.head_size * sizeof(C);
   const double flops = 4.0 * tokens * batch.heads * batch.head_size;
   state.counters["kv_bytes_per_s"] = benchmark::Counter(kv_bytes, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["flop_per_s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
@@ -118,5 +130,6 @@ void shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK_TEMPLATE(paged_attention, kpa::half)->Apply(shapes);
 BENCHMARK_TEMPLATE(paged_attention, kpa::bfloat16)->Apply(shapes);
 BENCHMARK_TEMPLATE(paged_attention, float)->Apply(shapes);
+BENCHMARK_TEMPLATE(paged_attention, kpa::half, std::uint8_t)->Name("paged_attention<kpa::half,fp8_e4m3>")->Apply(shapes);
 
 }  // namespace
