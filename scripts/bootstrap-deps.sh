@@ -5,8 +5,8 @@
 #
 # With KPA_SKIP_KOKKOS=1 only the distribution packages are installed (for builds against a
 # Kokkos given through Kokkos_ROOT, e.g. a CUDA-enabled one).
-# - Distribution packages (as root, only those missing): a C++ compiler, CMake, GoogleTest,
-#   Google Benchmark, dpkg-dev (for `apt-get source`).
+# - Distribution packages (as root, only those missing): C and C++ compilers, CMake, GoogleTest,
+#   Google Benchmark, dpkg-dev (for `apt-get source`), python3 with numpy (the ctypes test).
 # - Kokkos 3.4.1 (Serial + OpenMP) and Kokkos Kernels 3.4, built from the distribution's
 #   `trilinos` source package into PREFIX, once; later runs reuse the prefix.
 # The deb-src entry is derived from the machine's own apt sources, so no archive host is
@@ -30,7 +30,7 @@ apt_update_once() {
 
 install_packages() {
   local missing=()
-  for pkg in g++ cmake make libgtest-dev libbenchmark-dev dpkg-dev xz-utils; do
+  for pkg in g++ gcc cmake make libgtest-dev libbenchmark-dev dpkg-dev xz-utils python3 python3-numpy; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
   done
   if [ "${#missing[@]}" -gt 0 ]; then

@@ -2,7 +2,8 @@
 # Builds kpa (library, tests, benchmarks, examples) in BUILD_DIR (default <repo>/build), after
 # installing what it needs (scripts/bootstrap-deps.sh). Prints nothing but progress on stderr.
 #
-#   scripts/build.sh            Kokkos: $Kokkos_ROOT if set, else the project-local build
+#   scripts/build.sh [TARGET...]   all targets by default; Kokkos: $Kokkos_ROOT if set, else the
+#                                  project-local build
 #   Kokkos_ROOT=/opt/kokkos-cuda scripts/build.sh
 set -euo pipefail
 
@@ -17,5 +18,7 @@ else
 fi
 
 cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKokkos_ROOT="$kokkos" \
-  -DCMAKE_INSTALL_PREFIX="$build/install" >&2
-cmake --build "$build" -j "$(nproc)" >&2
+  -DKokkosKernels_ROOT="$kokkos" -DCMAKE_INSTALL_PREFIX="$build/install" >&2
+targets=()
+for target in "$@"; do targets+=(--target "$target"); done
+cmake --build "$build" -j "$(nproc)" "${targets[@]}" >&2

@@ -4,6 +4,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -26,6 +27,14 @@ KOKKOS_INLINE_FUNCTION float fmax(float a, float b) {
   return Kokkos::fmax(a, b);
 #else
   return Kokkos::Experimental::fmax(a, b);
+#endif
+}
+
+KOKKOS_INLINE_FUNCTION float fma(float a, float b, float c) {
+#if KOKKOS_VERSION >= 30700
+  return Kokkos::fma(a, b, c);
+#else
+  return std::fma(a, b, c);  // Kokkos 3.4 builds here are host-only (CUDA 13 needs Kokkos 4.7+)
 #endif
 }
 

@@ -1,0 +1,79 @@
+/* kpa C ABI: paged attention for LLM decode, callable from C and through dlopen (Python ctypes,
+ * Julia, Rust, ...). Exported by libkpa.so.
+ *
+ * - Pointers address the default Kokkos execution space's memory (host memory on CPU builds,
+ *   device memory on CUDA builds); layouts are vLLM's, contiguous:
+ *     out, query       [num_seqs][num_heads][head_size]
+ *     key_cache        [num_blocks][num_kv_heads][head_size / x][block_size][x], x = 16 / element size
+ *     value_cache      [num_blocks][num_kv_heads][head_size][block_size]
+ *     block_tables     [num_seqs][max_blocks_per_seq] int32;  seq_lens [num_seqs] int32
+ *     exp_sums, max_logits [num_seqs][num_heads][max_num_partitions] float
+ *     tmp_out          [num_seqs][num_heads][max_num_partitions][head_size] of dtype
+ *     key, value       [num_tokens][num_kv_heads][head_size];  slot_mapping [num_tokens] int64
+ * - cache_dtype equals dtype for "auto" caches; KPA_FP8_E4M3 / KPA_FP8_E5M2 for one-byte caches.
+ * - Calls are synchronous. 0 (KPA_OK) is success; otherwise a kpa_status, with a message from
+ *   kpa_last_error() (per thread, valid until the thread's next kpa call).
+ */
+#ifndef KPA_KPA_H
+#define KPA_KPA_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { KPA_F32 = 0, KPA_F16 = 1, KPA_BF16 = 2, KPA_FP8_E4M3 = 3, KPA_FP8_E5M2 = 4 } kpa_dtype;
+
+typedef enum {
+  KPA_OK = 0,
+  KPA_ERR_INVALID_ARGUMENT = 1,
+  KPA_ERR_UNSUPPORTED = 2,
+  KPA_ERR_RUNTIME = 3
+} kpa_status;
+
+typedef struct {
+  int local_blocks, vert_stride, block_size, head_sliding_step;
+} kpa_block_sparse;
+
+/* Initialises Kokkos unless the host program already did; idempotent. */
+int kpa_init(void);
+/* Releases kpa's workspace and finalises Kokkos if kpa_init initialised it. */
+void kpa_finalize(void);
+const char* kpa_last_error(void);
+const char* kpa_version(void);
+
+int kpa_paged_attention_v1(void* out, const void* query, kpa_dtype dtype, const void* key_cache,
+                           const void* value_cache, kpa_dtype cache_dtype, int64_t num_seqs, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t head_size, int64_t num_blocks, int64_t block_size,
+                           const int32_t* block_tables, int64_t max_blocks_per_seq, const int32_t* seq_lens,
+                           int64_t max_seq_len, float scale, const float* alibi_slopes /* NULL: none */,
+                           float k_scale, float v_scale, int tp_rank,
+                           const kpa_block_sparse* block_sparse /* NULL: dense */);
+
+int kpa_paged_attention_v2(void* out, float* exp_sums, float* max_logits, void* tmp_out, int64_t max_num_partitions,
+                           int64_t partition_size, const void* query, kpa_dtype dtype, const void* key_cache,
+                           const void* value_cache, kpa_dtype cache_dtype, int64_t num_seqs, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t head_size, int64_t num_blocks, int64_t block_size,
+                           const int32_t* block_tables, int64_t max_blocks_per_seq, const int32_t* seq_lens,
+                           int64_t max_seq_len, float scale, const float* alibi_slopes, float k_scale, float v_scale,
+                           int tp_rank, const kpa_block_sparse* block_sparse);
+
+/* The launch planner decides (single pass or partitions); a library-held workspace is reused. */
+int kpa_paged_attention(void* out, const void* query, kpa_dtype dtype, const void* key_cache, const void* value_cache,
+                        kpa_dtype cache_dtype, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                        int64_t head_size, int64_t num_blocks, int64_t block_size, const int32_t* block_tables,
+                        int64_t max_blocks_per_seq, const int32_t* seq_lens, int64_t max_seq_len, float scale,
+                        const float* alibi_slopes, float k_scale, float v_scale, int tp_rank,
+                        const kpa_block_sparse* block_sparse);
+
+int kpa_reshape_and_cache(const void* key, const void* value, kpa_dtype dtype, void* key_cache, void* value_cache,
+                          kpa_dtype cache_dtype, int64_t num_tokens, int64_t num_kv_heads, int64_t head_size,
+                          int64_t num_blocks, int64_t block_size, const int64_t* slot_mapping, float k_scale,
+                          float v_scale);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KPA_KPA_H */

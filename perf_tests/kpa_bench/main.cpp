@@ -1,0 +1,547 @@
+// kpa-bench: decode-step paged attention measured against the machine's limits and against the
+// baselines a user would otherwise write, in one run. See `kpa-bench --help`.
+
+#include "baselines.hpp"
+#include "machine_limits.hpp"
+
+#include <kpa/kpa.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace kpa_bench {
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using Memory = Space::memory_space;
+
+struct Workload {
+  std::string name;
+  std::string version = "auto";  // v1, v2, auto
+  int batch_size = 8, seq_len = 1024, num_query_heads = 32, num_kv_heads = 8, head_size = 128, block_size = 16;
+  bool use_alibi = false;
+  std::string dtype = "half";            // float, half, bfloat16
+  std::string kv_cache_dtype = "auto";   // auto, fp8, fp8_e4m3, fp8_e5m2
+  int partition_size = 0;                // 0: 512 for v2, the planner's choice for auto
+};
+
+struct Options {
+  std::vector<Workload> workloads;
+  bool custom = false;
+  std::uint64_t seed = 0;
+  int warmup = 2, iters = 10, baseline_iters = 3;
+  bool check = false, baselines = true;
+  std::string json, csv;
+};
+
+struct Result {
+  Workload w;
+  double median_us = 0, min_us = 0, kv_bytes = 0, flops = 0, kv_gbps = 0, bandwidth_pct = 0, gflops = 0,
+         roofline_pct = 0;
+  std::optional<double> max_abs_err, naive_us, dense_us;
+  std::string plan;
+};
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "kpa-bench: %s (see --help)\n", message.c_str());
+  std::exit(2);
+}
+
+const char* kHelp = R"(usage: kpa-bench [options]
+
+With no workload options, runs the default suite (a Llama-style batch, the 100K-token long-context
+case, a single-tile batch, and the Llama batch with an fp8 cache) and prints one table.
+
+workload (any of these selects a custom run; lists and ranges make a sweep):
+  --version v1|v2|auto          entry point (default auto)
+  --batch-size N                sequences (default 8)
+  --seq-len L                   tokens per sequence: 4096, a list 1024,4096 or a range
+                                START:STOP[:STEP] (STEP xF multiplies: 128:131072:x4)
+  --num-query-heads H           (default 32)
+  --num-kv-heads K              (default 8)
+  --head-size D                 (default 128)
+  --block-size B                (default 16)
+  --use-alibi
+  --dtype float|half|bfloat16   query / output / "auto" cache type (default half)
+  --kv-cache-dtype auto|fp8|fp8_e4m3|fp8_e5m2   (default auto)
+  --partition-size P            v2 / auto partition size (default: 512 for v2, planner for auto)
+  --device-profile NAME         plan as bi-v100, host:N or NAME:SMS:OCC:SUB (KPA_DEVICE_PROFILE)
+run:
+  --seed S  --warmup N  --iters N  --baseline-iters N  --no-baselines
+  --check                       compare a sample with the float64 reference, print the max error
+  --json FILE  --csv FILE       write the results
+)";
+
+std::vector<int> parse_int_list(const std::string& text, const char* what) {
+  auto to_int = [&](const std::string& s) {
+    char* end = nullptr;
+    const long v = std::strtol(s.c_str(), &end, 10);
+    if (s.empty() || *end != '\0' || v <= 0 || v > (1L << 30)) usage_error(std::string("bad ") + what + " '" + s + "'");
+    return static_cast<int>(v);
+  };
+  std::vector<int> values;
+  if (text.find(':') != std::string::npos) {
+    std::vector<std::string> parts;
+    std::stringstream in(text);
+    for (std::string part; std::getline(in, part, ':');) parts.push_back(part);
+    if (parts.size() < 2 || parts.size() > 3) usage_error(std::string("bad range for ") + what + " '" + text + "'");
+    const int start = to_int(parts[0]), stop = to_int(parts[1]);
+    const bool geometric = parts.size() == 3 && !parts[2].empty() && parts[2][0] == 'x';
+    const int step = parts.size() == 3 ? to_int(geometric ? parts[2].substr(1) : parts[2]) : 1;
+    if (geometric && step < 2) usage_error("a geometric step must be at least x2");
+    for (long v = start; v <= stop; v = geometric ? v * step : v + step) values.push_back(static_cast<int>(v));
+  } else {
+    std::stringstream in(text);
+    for (std::string part; std::getline(in, part, ',');) values.push_back(to_int(part));
+  }
+  if (values.empty()) usage_error(std::string("empty ") + what);
+  return values;
+}
+
+std::vector<Workload> default_suite() {
+  Workload llama;
+  llama.name = "llama_32x4096";
+  llama.batch_size = 32;
+  llama.seq_len = 4096;
+  Workload long_context;
+  long_context.name = "long_context_1x100k";
+  long_context.batch_size = 1;
+  long_context.seq_len = 100000;
+  long_context.num_query_heads = 24;
+  long_context.num_kv_heads = 4;
+  long_context.head_size = 256;
+  Workload single_tile;
+  single_tile.name = "single_tile_64x512";
+  single_tile.batch_size = 64;
+  single_tile.seq_len = 512;
+  Workload fp8 = llama;
+  fp8.name = "llama_32x4096_fp8";
+  fp8.kv_cache_dtype = "fp8_e4m3";
+  return {llama, long_context, single_tile, fp8};
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  Workload w;
+  std::vector<int> seq_lens = {w.seq_len};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(arg + " needs a value");
+      return argv[++i];
+    };
+    auto number = [&]() { return parse_int_list(value(), arg.c_str()).front(); };
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kHelp, stdout);
+      std::exit(0);
+    } else if (arg == "--version") {
+      w.version = value();
+      if (w.version != "v1" && w.version != "v2" && w.version != "auto") usage_error("bad --version " + w.version);
+      o.custom = true;
+    } else if (arg == "--batch-size") {
+      w.batch_size = number(), o.custom = true;
+    } else if (arg == "--seq-len") {
+      seq_lens = parse_int_list(value(), "--seq-len"), o.custom = true;
+    } else if (arg == "--num-query-heads") {
+      w.num_query_heads = number(), o.custom = true;
+    } else if (arg == "--num-kv-heads") {
+      w.num_kv_heads = number(), o.custom = true;
+    } else if (arg == "--head-size") {
+      w.head_size = number(), o.custom = true;
+    } else if (arg == "--block-size") {
+      w.block_size = number(), o.custom = true;
+    } else if (arg == "--use-alibi") {
+      w.use_alibi = true, o.custom = true;
+    } else if (arg == "--dtype") {
+      w.dtype = value(), o.custom = true;
+      if (w.dtype != "float" && w.dtype != "half" && w.dtype != "bfloat16") usage_error("bad --dtype " + w.dtype);
+    } else if (arg == "--kv-cache-dtype") {
+      w.kv_cache_dtype = value(), o.custom = true;
+      try {
+        kpa::parse_kv_cache_dtype(w.kv_cache_dtype);
+      } catch (const kpa::Error& e) {
+        usage_error(e.what());
+      }
+    } else if (arg == "--partition-size") {
+      w.partition_size = number(), o.custom = true;
+    } else if (arg == "--device-profile") {
+      const std::string profile = value();
+      try {
+        kpa::DeviceProfile::from_name(profile);
+      } catch (const kpa::Error& e) {
+        usage_error(e.what());
+      }
+      ::setenv("KPA_DEVICE_PROFILE", profile.c_str(), 1);
+    } else if (arg == "--seed") {
+      o.seed = std::strtoull(value().c_str(), nullptr, 10);
+    } else if (arg == "--warmup") {
+      o.warmup = std::stoi(value());
+    } else if (arg == "--iters") {
+      o.iters = number();
+    } else if (arg == "--baseline-iters") {
+      o.baseline_iters = number();
+    } else if (arg == "--no-baselines") {
+      o.baselines = false;
+    } else if (arg == "--check") {
+      o.check = true;
+    } else if (arg == "--json") {
+      o.json = value();
+    } else if (arg == "--csv") {
+      o.csv = value();
+    } else if (arg.rfind("--kokkos", 0) == 0) {
+      continue;
+    } else {
+      usage_error("unknown option " + arg);
+    }
+  }
+  if (o.custom) {
+    for (int len : seq_lens) {
+      Workload one = w;
+      one.seq_len = len;
+      one.name = "custom_" + std::to_string(one.batch_size) + "x" + std::to_string(len);
+      o.workloads.push_back(one);
+    }
+  } else {
+    o.workloads = default_suite();
+  }
+  return o;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) out += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  return out + "\"";
+}
+
+template <class T, class C>
+class Bench {
+ public:
+  Bench(const Workload& w, std::uint64_t seed) : w_(w) {
+    const int x = static_cast<int>(16 / sizeof(C));
+    blocks_per_seq_ = (w.seq_len + w.block_size - 1) / w.block_size;
+    const int num_blocks = w.batch_size * blocks_per_seq_;
+    query_ = decltype(query_)("query", w.batch_size, w.num_query_heads, w.head_size);
+    out_ = decltype(out_)("out", w.batch_size, w.num_query_heads, w.head_size);
+    baseline_out_ = decltype(baseline_out_)("baseline_out", w.batch_size, w.num_query_heads, w.head_size);
+    key_cache_ = decltype(key_cache_)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "key_cache"), num_blocks,
+                                      w.num_kv_heads, w.head_size / x, w.block_size, x);
+    value_cache_ = decltype(value_cache_)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "value_cache"), num_blocks,
+                                          w.num_kv_heads, w.head_size, w.block_size);
+    block_tables_ = decltype(block_tables_)("block_tables", w.batch_size, blocks_per_seq_);
+    seq_lens_ = decltype(seq_lens_)("seq_lens", w.batch_size);
+    alibi_ = decltype(alibi_)("alibi", w.use_alibi ? w.num_query_heads : 0);
+    params_.scale = 1.0f / std::sqrt(static_cast<float>(w.head_size));
+    params_.kv_cache_dtype = kpa::parse_kv_cache_dtype(w.kv_cache_dtype);
+    params_.check_indices = false;  // the tables are built valid below; time the kernels
+    if (params_.kv_cache_dtype != kpa::KVCacheDType::Auto) params_.k_scale = params_.v_scale = 1.0f / 128;
+
+    // Random contents from a counter-based hash of (seed, index): reproducible, filled in parallel.
+    const auto k = key_cache_, v = value_cache_;
+    const auto q = query_;
+    const std::uint64_t mix = seed * 0x9E3779B97F4A7C15ull;
+    const kpa::KVCacheDType kv = params_.kv_cache_dtype;
+    Kokkos::parallel_for(
+        "kpa_bench::fill", Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(0, k.size()),
+        KOKKOS_LAMBDA(std::int64_t i) {
+          auto hash = [&](std::uint64_t z) {
+            z = (z + mix) * 0xBF58476D1CE4E5B9ull;
+            z ^= z >> 31;
+            return static_cast<float>(z >> 40) / 8388608.0f - 1.0f;  // [-1, 1)
+          };
+          k.data()[i] = kpa::detail::to_cache_element<C>(kpa::detail::from_float<T>(hash(2 * i)), kv, 1.0f / 128);
+          v.data()[i] = kpa::detail::to_cache_element<C>(kpa::detail::from_float<T>(hash(2 * i + 1)), kv, 1.0f / 128);
+          if (i < static_cast<std::int64_t>(q.size())) q.data()[i] = kpa::detail::from_float<T>(hash(~i));
+        });
+    std::vector<int> order(num_blocks);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
+    auto tables = Kokkos::create_mirror_view(block_tables_);
+    auto lens = Kokkos::create_mirror_view(seq_lens_);
+    for (int s = 0; s < w.batch_size; ++s) {
+      lens(s) = w.seq_len;
+      for (int b = 0; b < blocks_per_seq_; ++b) tables(s, b) = order[s * blocks_per_seq_ + b];
+    }
+    Kokkos::deep_copy(block_tables_, tables);
+    Kokkos::deep_copy(seq_lens_, lens);
+    auto slopes = Kokkos::create_mirror_view(alibi_);
+    for (std::size_t h = 0; h < slopes.extent(0); ++h) slopes(h) = std::exp2(-8.0f * (h + 1) / w.num_query_heads);
+    Kokkos::deep_copy(alibi_, slopes);
+    if (w.version == "v2") {
+      partition_ = w.partition_size > 0 ? w.partition_size : 512;
+      const int partitions = (w.seq_len + partition_ - 1) / partition_;
+      exp_sums_ = decltype(exp_sums_)("exp_sums", w.batch_size, w.num_query_heads, partitions);
+      max_logits_ = decltype(max_logits_)("max_logits", w.batch_size, w.num_query_heads, partitions);
+      tmp_out_ = decltype(tmp_out_)("tmp_out", w.batch_size, w.num_query_heads, partitions, w.head_size);
+    }
+  }
+
+  void run_kpa() {
+    const Space space;
+    if (w_.version == "v1") {
+      kpa::paged_attention_v1(space, out_, query_, key_cache_, value_cache_, block_tables_, seq_lens_, w_.seq_len,
+                              alibi_, params_);
+    } else if (w_.version == "v2") {
+      kpa::paged_attention_v2(space, out_, exp_sums_, max_logits_, tmp_out_, query_, key_cache_, value_cache_,
+                              block_tables_, seq_lens_, w_.seq_len, alibi_, params_, partition_);
+    } else {
+      kpa::PlanOptions options;
+      options.partition_size = w_.partition_size;
+      kpa::paged_attention(space, workspace_, out_, query_, key_cache_, value_cache_, block_tables_, seq_lens_,
+                           w_.seq_len, alibi_, params_, options);
+    }
+  }
+
+  std::string plan() const {
+    kpa::ProblemShape shape{w_.batch_size, w_.num_query_heads, w_.num_kv_heads, w_.head_size, w_.block_size, w_.seq_len};
+    kpa::PlanOptions options;
+    if (w_.version == "v1") options.partition_size = blocks_per_seq_ * w_.block_size;
+    if (w_.version == "v2") options.partition_size = partition_;
+    if (w_.version == "auto") options.partition_size = w_.partition_size;
+    const kpa::LaunchPlan p = kpa::plan_launch(Space(), shape, options);
+    std::ostringstream os;
+    os << "P" << p.partition_size << "x" << p.num_partitions << " L" << p.league_size << " T" << p.team_size
+       << (p.single_tile ? " single" : "");
+    return os.str();
+  }
+
+  template <class Body>
+  std::vector<double> time_us(int warmup, int iters, Body&& body) {
+    for (int i = 0; i < warmup; ++i) body();
+    Space().fence();
+    std::vector<double> times;
+    for (int i = 0; i < iters; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      body();
+      Space().fence();
+      times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(times.begin(), times.end());
+    return times;
+  }
+
+  Result run(const Options& o, const MachineLimits& limits) {
+    Result r;
+    r.w = w_;
+    r.plan = plan();
+    const auto times = time_us(o.warmup, o.iters, [&] { run_kpa(); });
+    r.median_us = times[times.size() / 2];
+    r.min_us = times.front();
+    const double tokens = static_cast<double>(w_.batch_size) * w_.seq_len;
+    r.kv_bytes = 2.0 * tokens * w_.num_kv_heads * w_.head_size * sizeof(C);
+    r.flops = 4.0 * tokens * w_.num_query_heads * w_.head_size;
+    r.kv_gbps = r.kv_bytes / r.median_us / 1e3;
+    r.gflops = r.flops / r.median_us / 1e3;
+    r.bandwidth_pct = 100.0 * r.kv_bytes / r.median_us * 1e6 / limits.read_bytes_per_s;
+    // The roofline time is the larger of the two lower bounds: reading the KV cache once at the
+    // measured bandwidth, and the multiply-adds at the measured FMA throughput.
+    const double roofline_us = std::max(r.kv_bytes / limits.read_bytes_per_s, r.flops / limits.flop_per_s) * 1e6;
+    r.roofline_pct = 100.0 * roofline_us / r.median_us;
+    if (o.check) r.max_abs_err = check_sample();
+    if (o.baselines) {
+      const int iters = o.baseline_iters;
+      with_storage([&](auto* storage) {
+        using S = std::remove_pointer_t<decltype(storage)>;
+        r.naive_us = time_us(0, iters, [&] {
+          naive_attention<Space, S>(Space(), baseline_out_, query_, key_cache_, value_cache_, block_tables_, seq_lens_,
+                                    params_);
+        })[iters / 2];
+        DenseAttention<Space, S> dense;
+        r.dense_us = time_us(1, iters, [&] {
+          dense(Space(), baseline_out_, query_, key_cache_, value_cache_, block_tables_, seq_lens_, params_);
+        })[iters / 2];
+      });
+    }
+    return r;
+  }
+
+ private:
+  template <class F>
+  void with_storage(F&& f) {
+    if constexpr (std::is_same_v<C, std::uint8_t>) {
+      if (params_.kv_cache_dtype == kpa::KVCacheDType::Fp8E5M2) {
+        f(static_cast<kpa::fp8_e5m2*>(nullptr));
+      } else {
+        f(static_cast<kpa::fp8_e4m3*>(nullptr));
+      }
+    } else {
+      f(static_cast<T*>(nullptr));
+    }
+  }
+
+  /// Max |kpa - float64 reference| over a sample of up to 16 (sequence, head) pairs.
+  double check_sample() {
+    const auto q = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), query_);
+    const auto out = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out_);
+    const auto k = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), key_cache_);
+    const auto v = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), value_cache_);
+    const auto bt = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), block_tables_);
+    const auto slopes = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), alibi_);
+    const int x = static_cast<int>(16 / sizeof(C)), group = w_.num_query_heads / w_.num_kv_heads;
+    double worst = 0.0;
+    with_storage([&](auto* storage) {
+      using S = std::remove_pointer_t<decltype(storage)>;
+      std::mt19937 rng(3);
+      for (int sample = 0; sample < 16; ++sample) {
+        const int s = static_cast<int>(rng() % w_.batch_size), h = static_cast<int>(rng() % w_.num_query_heads);
+        const int g = h / group, len = w_.seq_len;
+        std::vector<double> logits(len), o(w_.head_size, 0.0);
+        double m = -HUGE_VAL, sum = 0.0;
+        for (int t = 0; t < len; ++t) {
+          const int b = bt(s, t / w_.block_size), slot = t % w_.block_size;
+          double dot = 0.0;
+          for (int d = 0; d < w_.head_size; ++d)
+            dot += static_cast<double>(kpa::to_float(q(s, h, d))) * cache_value<S>(k(b, g, d / x, slot, d % x), params_.k_scale);
+          logits[t] = params_.scale * dot + (slopes.extent(0) ? static_cast<double>(slopes(h)) * (t - len + 1) : 0.0);
+          m = std::max(m, logits[t]);
+        }
+        for (int t = 0; t < len; ++t) {
+          const double p = std::exp(logits[t] - m);
+          sum += p;
+          const int b = bt(s, t / w_.block_size), slot = t % w_.block_size;
+          for (int d = 0; d < w_.head_size; ++d) o[d] += p * cache_value<S>(v(b, g, d, slot), params_.v_scale);
+        }
+        for (int d = 0; d < w_.head_size; ++d) {
+          worst = std::max(worst, std::fabs(kpa::to_float(out(s, h, d)) - o[d] / sum));
+        }
+      }
+    });
+    return worst;
+  }
+
+  Workload w_;
+  int blocks_per_seq_ = 0, partition_ = 0;
+  Kokkos::View<T***, Kokkos::LayoutRight, Memory> query_, out_, baseline_out_;
+  Kokkos::View<C*****, Kokkos::LayoutRight, Memory> key_cache_;
+  Kokkos::View<C****, Kokkos::LayoutRight, Memory> value_cache_;
+  Kokkos::View<int**, Kokkos::LayoutRight, Memory> block_tables_;
+  Kokkos::View<int*, Memory> seq_lens_;
+  Kokkos::View<float*, Memory> alibi_;
+  Kokkos::View<float***, Kokkos::LayoutRight, Memory> exp_sums_, max_logits_;
+  Kokkos::View<T****, Kokkos::LayoutRight, Memory> tmp_out_;
+  kpa::AttentionParams params_;
+  kpa::Workspace<Space> workspace_;
+};
+
+Result run_workload(const Workload& w, const Options& o, const MachineLimits& limits) {
+  const bool fp8 = w.kv_cache_dtype != "auto";
+  auto go = [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    if (fp8) return Bench<T, std::uint8_t>(w, o.seed).run(o, limits);
+    return Bench<T, T>(w, o.seed).run(o, limits);
+  };
+  if (w.dtype == "float") return go(static_cast<float*>(nullptr));
+  if (w.dtype == "bfloat16") return go(static_cast<kpa::bfloat16*>(nullptr));
+  return go(static_cast<kpa::half*>(nullptr));
+}
+
+std::string fixed(double v, int digits) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.*f", digits, v);
+  return buffer;
+}
+
+void print_table(const std::vector<Result>& results, const MachineLimits& limits) {
+  std::printf("\nmachine: %s, %d threads; measured read bandwidth %.1f GB/s, FMA throughput %.1f GFLOP/s\n",
+              Space::name(), static_cast<int>(Space().concurrency()), limits.read_bytes_per_s / 1e9,
+              limits.flop_per_s / 1e9);
+  std::printf("%-22s %-4s %-5s %-8s %10s %10s %8s %6s %8s %6s %-22s %9s %9s %9s\n", "workload", "ver", "dtype", "kv",
+              "median_us", "min_us", "KV_GB/s", "%bw", "GFLOP/s", "%roof", "plan", "vs_naive", "vs_dense",
+              "max_err");
+  for (const Result& r : results) {
+    std::printf("%-22s %-4s %-5s %-8s %10.1f %10.1f %8.2f %6.1f %8.1f %6.1f %-22s %9s %9s %9s\n", r.w.name.c_str(),
+                r.w.version.c_str(), r.w.dtype == "bfloat16" ? "bf16" : r.w.dtype == "half" ? "f16" : "f32",
+                r.w.kv_cache_dtype.c_str(), r.median_us, r.min_us, r.kv_gbps, r.bandwidth_pct, r.gflops,
+                r.roofline_pct, r.plan.c_str(), r.naive_us ? (fixed(*r.naive_us / r.median_us, 1) + "x").c_str() : "-",
+                r.dense_us ? (fixed(*r.dense_us / r.median_us, 1) + "x").c_str() : "-",
+                r.max_abs_err ? fixed(*r.max_abs_err, 6).c_str() : "-");
+  }
+}
+
+void write_json(const std::string& path, const std::vector<Result>& results, const MachineLimits& limits) {
+  std::ofstream out(path);
+  auto optional = [](const std::optional<double>& v) { return v ? fixed(*v, 9) : std::string("null"); };
+  // One object per workload; the machine's measured limits ride along in each.
+  out << "[\n";
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    out << "  {\"name\": " << json_string(r.w.name) << ", \"version\": " << json_string(r.w.version)
+        << ", \"batch_size\": " << r.w.batch_size << ", \"seq_len\": " << r.w.seq_len
+        << ", \"num_query_heads\": " << r.w.num_query_heads << ", \"num_kv_heads\": " << r.w.num_kv_heads
+        << ", \"head_size\": " << r.w.head_size << ", \"block_size\": " << r.w.block_size
+        << ", \"use_alibi\": " << (r.w.use_alibi ? "true" : "false") << ", \"dtype\": " << json_string(r.w.dtype)
+        << ", \"kv_cache_dtype\": " << json_string(r.w.kv_cache_dtype) << ", \"median_us\": " << fixed(r.median_us, 3)
+        << ", \"min_us\": " << fixed(r.min_us, 3) << ", \"kv_bytes\": " << fixed(r.kv_bytes, 0)
+        << ", \"kv_gbps\": " << fixed(r.kv_gbps, 4) << ", \"bandwidth_pct\": " << fixed(r.bandwidth_pct, 3)
+        << ", \"gflops\": " << fixed(r.gflops, 3) << ", \"roofline_pct\": " << fixed(r.roofline_pct, 3)
+        << ", \"max_abs_err\": " << optional(r.max_abs_err)
+        << ", \"speedup_vs_naive\": " << (r.naive_us ? fixed(*r.naive_us / r.median_us, 4) : "null")
+        << ", \"speedup_vs_dense\": " << (r.dense_us ? fixed(*r.dense_us / r.median_us, 4) : "null")
+        << ", \"plan\": " << json_string(r.plan) << ", \"execution_space\": " << json_string(Space::name())
+        << ", \"machine_read_gbps\": " << fixed(limits.read_bytes_per_s / 1e9, 3)
+        << ", \"machine_fma_gflops\": " << fixed(limits.flop_per_s / 1e9, 3)
+        << ", \"kpa_version\": " << json_string(kpa::version_string) << "}" << (i + 1 < results.size() ? ",\n" : "\n");
+  }
+  out << "]\n";
+}
+
+void write_csv(const std::string& path, const std::vector<Result>& results) {
+  std::ofstream out(path);
+  out << "name,version,batch_size,seq_len,num_query_heads,num_kv_heads,head_size,block_size,dtype,kv_cache_dtype,"
+         "median_us,min_us,kv_bytes,kv_gbps,bandwidth_pct,gflops,roofline_pct,max_abs_err,speedup_vs_naive,"
+         "speedup_vs_dense,plan\n";
+  for (const Result& r : results) {
+    out << r.w.name << "," << r.w.version << "," << r.w.batch_size << "," << r.w.seq_len << "," << r.w.num_query_heads
+        << "," << r.w.num_kv_heads << "," << r.w.head_size << "," << r.w.block_size << "," << r.w.dtype << ","
+        << r.w.kv_cache_dtype << "," << fixed(r.median_us, 3) << "," << fixed(r.min_us, 3) << ","
+        << fixed(r.kv_bytes, 0) << "," << fixed(r.kv_gbps, 4) << "," << fixed(r.bandwidth_pct, 3) << ","
+        << fixed(r.gflops, 3) << "," << fixed(r.roofline_pct, 3) << ","
+        << (r.max_abs_err ? fixed(*r.max_abs_err, 9) : "") << ","
+        << (r.naive_us ? fixed(*r.naive_us / r.median_us, 4) : "") << ","
+        << (r.dense_us ? fixed(*r.dense_us / r.median_us, 4) : "") << "," << r.plan << "\n";
+  }
+}
+
+int run(const Options& o) {
+  std::fprintf(stderr, "[kpa-bench] measuring the machine's read bandwidth and FMA throughput\n");
+  const MachineLimits limits = measure_machine_limits(Space());
+  std::vector<Result> results;
+  for (std::size_t i = 0; i < o.workloads.size(); ++i) {
+    const Workload& w = o.workloads[i];
+    std::fprintf(stderr, "[kpa-bench] %zu/%zu %s: %s, %d x %d tokens, %d/%d heads, head %d, %s cache\n", i + 1,
+                 o.workloads.size(), w.name.c_str(), w.version.c_str(), w.batch_size, w.seq_len, w.num_query_heads,
+                 w.num_kv_heads, w.head_size, w.kv_cache_dtype == "auto" ? w.dtype.c_str() : w.kv_cache_dtype.c_str());
+    try {
+      results.push_back(run_workload(w, o, limits));
+    } catch (const kpa::Error& e) {
+      std::fprintf(stderr, "kpa-bench: %s: %s\n", w.name.c_str(), e.what());
+      return 2;
+    }
+  }
+  std::fflush(stderr);
+  print_table(results, limits);
+  if (!o.json.empty()) write_json(o.json, results, limits);
+  if (!o.csv.empty()) write_csv(o.csv, results);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kpa_bench
+
+int main(int argc, char** argv) {
+  const kpa_bench::Options options = kpa_bench::parse(argc, argv);
+  Kokkos::initialize(argc, argv);
+  const int status = kpa_bench::run(options);
+  Kokkos::finalize();
+  return status;
+}

@@ -1,0 +1,296 @@
+// The C ABI of include/kpa/kpa.h: raw pointers wrapped as unmanaged Views of the default
+// execution space, the C++ entry points behind them, and exceptions turned into status codes.
+
+#include <kpa/kpa.h>
+#include <kpa/kpa.hpp>
+
+#include <climits>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using Memory = Space::memory_space;
+template <class DataType>
+using Unmanaged = Kokkos::View<DataType, Kokkos::LayoutRight, Memory, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+thread_local std::string last_error;
+bool kokkos_initialised_by_kpa = false;
+std::unique_ptr<kpa::Workspace<Space>> workspace;  // released before Kokkos finalises
+
+/// Thrown for argument errors found by this layer itself.
+struct InvalidArgument : std::invalid_argument {
+  kpa_status status;
+  InvalidArgument(kpa_status s, const std::string& message) : std::invalid_argument(message), status(s) {}
+};
+
+[[noreturn]] void invalid(const char* call, const std::string& what, kpa_status status = KPA_ERR_INVALID_ARGUMENT) {
+  throw InvalidArgument(status, std::string(call) + ": " + what);
+}
+
+int to_int(const char* call, const char* name, int64_t value, bool allow_zero = true) {
+  if (value < (allow_zero ? 0 : 1) || value > INT_MAX) {
+    invalid(call, std::string(name) + " = " + std::to_string(value) + " is outside [" + (allow_zero ? "0" : "1") +
+                      ", " + std::to_string(INT_MAX) + "]");
+  }
+  return static_cast<int>(value);
+}
+
+void require(const char* call, const char* name, const void* pointer, bool needed = true) {
+  if (needed && pointer == nullptr) invalid(call, std::string(name) + " is NULL");
+}
+
+template <class Body>
+int guarded(Body&& body) {
+  last_error.clear();
+  try {
+    if (!Kokkos::is_initialized()) {
+      throw InvalidArgument(KPA_ERR_RUNTIME, "kpa: Kokkos is not initialised (call kpa_init first)");
+    }
+    body();
+    Space().fence();
+    return KPA_OK;
+  } catch (const InvalidArgument& e) {
+    last_error = e.what();
+    return e.status;
+  } catch (const kpa::Error& e) {
+    last_error = e.what();
+    const bool unsupported = last_error.find("is not supported") != std::string::npos;
+    return unsupported ? KPA_ERR_UNSUPPORTED : KPA_ERR_INVALID_ARGUMENT;
+  } catch (const std::exception& e) {
+    last_error = std::string("kpa: ") + e.what();
+    return KPA_ERR_RUNTIME;
+  } catch (...) {
+    last_error = "kpa: unknown error";
+    return KPA_ERR_RUNTIME;
+  }
+}
+
+template <class T>
+struct Tag {
+  using type = T;
+};
+
+/// Calls run(Tag<activation type>, Tag<cache element>, kv_cache_dtype) for a (dtype, cache_dtype) pair.
+template <class Run>
+void with_types(const char* call, kpa_dtype dtype, kpa_dtype cache_dtype, Run&& run) {
+  const bool fp8 = cache_dtype == KPA_FP8_E4M3 || cache_dtype == KPA_FP8_E5M2;
+  if (!fp8 && cache_dtype != dtype) {
+    invalid(call, "cache_dtype " + std::to_string(cache_dtype) + " must equal dtype " + std::to_string(dtype) +
+                      " or be an fp8 type", KPA_ERR_UNSUPPORTED);
+  }
+  const kpa::KVCacheDType kv = cache_dtype == KPA_FP8_E4M3   ? kpa::KVCacheDType::Fp8E4M3
+                               : cache_dtype == KPA_FP8_E5M2 ? kpa::KVCacheDType::Fp8E5M2
+                                                             : kpa::KVCacheDType::Auto;
+  auto with_cache = [&](auto t) {
+    using T = typename decltype(t)::type;
+    if (fp8) {
+      run(t, Tag<std::uint8_t>{}, kv);
+    } else {
+      run(t, Tag<T>{}, kv);
+    }
+  };
+  switch (dtype) {
+    case KPA_F32: with_cache(Tag<float>{}); break;
+    case KPA_F16: with_cache(Tag<kpa::half>{}); break;
+    case KPA_BF16: with_cache(Tag<kpa::bfloat16>{}); break;
+    default: invalid(call, "dtype " + std::to_string(dtype) + " is not F32, F16 or BF16", KPA_ERR_UNSUPPORTED);
+  }
+}
+
+/// The arguments every attention entry point shares.
+struct AttentionArgs {
+  const void* query;
+  kpa_dtype dtype;
+  const void* key_cache;
+  const void* value_cache;
+  kpa_dtype cache_dtype;
+  int64_t num_seqs, num_heads, num_kv_heads, head_size, num_blocks, block_size;
+  const int32_t* block_tables;
+  int64_t max_blocks_per_seq;
+  const int32_t* seq_lens;
+  int64_t max_seq_len;
+  float scale;
+  const float* alibi_slopes;
+  float k_scale, v_scale;
+  int tp_rank;
+  const kpa_block_sparse* block_sparse;
+};
+
+/// Wraps the shared arguments as Views and hands them to `call_kpa`.
+template <class Body>
+void with_attention_views(const char* call, void* out, const AttentionArgs& a, Body&& call_kpa) {
+  const int seqs = to_int(call, "num_seqs", a.num_seqs);
+  const int heads = to_int(call, "num_heads", a.num_heads, false);
+  const int kv_heads = to_int(call, "num_kv_heads", a.num_kv_heads, false);
+  const int head_size = to_int(call, "head_size", a.head_size, false);
+  const int blocks = to_int(call, "num_blocks", a.num_blocks);
+  const int block_size = to_int(call, "block_size", a.block_size, false);
+  const int columns = to_int(call, "max_blocks_per_seq", a.max_blocks_per_seq);
+  const int max_seq_len = to_int(call, "max_seq_len", a.max_seq_len);
+  const bool any_seqs = seqs > 0;
+  require(call, "out", out, any_seqs);
+  require(call, "query", a.query, any_seqs);
+  require(call, "key_cache", a.key_cache, blocks > 0);
+  require(call, "value_cache", a.value_cache, blocks > 0);
+  require(call, "block_tables", a.block_tables, any_seqs && columns > 0);
+  require(call, "seq_lens", a.seq_lens, any_seqs);
+  kpa::AttentionParams params;
+  params.scale = a.scale;
+  params.k_scale = a.k_scale;
+  params.v_scale = a.v_scale;
+  params.tp_rank = a.tp_rank;
+  if (a.block_sparse != nullptr) {
+    params.block_sparse = kpa::BlockSparse{a.block_sparse->local_blocks, a.block_sparse->vert_stride,
+                                           a.block_sparse->block_size, a.block_sparse->head_sliding_step};
+  }
+  with_types(call, a.dtype, a.cache_dtype, [&](auto t, auto c, kpa::KVCacheDType kv) {
+    using T = typename decltype(t)::type;
+    using C = typename decltype(c)::type;
+    params.kv_cache_dtype = kv;
+    const int x = static_cast<int>(16 / sizeof(C));
+    if (head_size % x != 0) {
+      invalid(call, "head_size " + std::to_string(head_size) + " is not supported (need a multiple of x = " +
+                        std::to_string(x) + ")", KPA_ERR_UNSUPPORTED);
+    }
+    Unmanaged<T***> out_view(static_cast<T*>(out), seqs, heads, head_size);
+    Unmanaged<const T***> query(static_cast<const T*>(a.query), seqs, heads, head_size);
+    Unmanaged<const C*****> key_cache(static_cast<const C*>(a.key_cache), blocks, kv_heads, head_size / x, block_size, x);
+    Unmanaged<const C****> value_cache(static_cast<const C*>(a.value_cache), blocks, kv_heads, head_size, block_size);
+    Unmanaged<const int**> block_tables(a.block_tables, seqs, columns);
+    Unmanaged<const int*> seq_lens(a.seq_lens, seqs);
+    Unmanaged<const float*> alibi(a.alibi_slopes, a.alibi_slopes != nullptr ? heads : 0);
+    call_kpa(t, out_view, query, key_cache, value_cache, block_tables, seq_lens, max_seq_len, alibi, params);
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+int kpa_init(void) {
+  last_error.clear();
+  if (Kokkos::is_initialized()) return KPA_OK;
+  try {
+    Kokkos::initialize();
+    kokkos_initialised_by_kpa = true;
+    // A host program that finalises Kokkos itself must not leave kpa's workspace behind.
+    Kokkos::push_finalize_hook([] { workspace.reset(); });
+    return KPA_OK;
+  } catch (const std::exception& e) {
+    last_error = std::string("kpa_init: ") + e.what();
+    return KPA_ERR_RUNTIME;
+  }
+}
+
+void kpa_finalize(void) {
+  workspace.reset();
+  if (kokkos_initialised_by_kpa && Kokkos::is_initialized()) Kokkos::finalize();
+  kokkos_initialised_by_kpa = false;
+}
+
+const char* kpa_last_error(void) { return last_error.c_str(); }
+
+const char* kpa_version(void) { return kpa::version_string; }
+
+int kpa_paged_attention_v1(void* out, const void* query, kpa_dtype dtype, const void* key_cache,
+                           const void* value_cache, kpa_dtype cache_dtype, int64_t num_seqs, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t head_size, int64_t num_blocks, int64_t block_size,
+                           const int32_t* block_tables, int64_t max_blocks_per_seq, const int32_t* seq_lens,
+                           int64_t max_seq_len, float scale, const float* alibi_slopes, float k_scale, float v_scale,
+                           int tp_rank, const kpa_block_sparse* block_sparse) {
+  return guarded([&] {
+    const AttentionArgs args{query, dtype, key_cache, value_cache, cache_dtype, num_seqs, num_heads, num_kv_heads,
+                             head_size, num_blocks, block_size, block_tables, max_blocks_per_seq, seq_lens,
+                             max_seq_len, scale, alibi_slopes, k_scale, v_scale, tp_rank, block_sparse};
+    with_attention_views("kpa_paged_attention_v1", out, args, [&](auto, auto&&... views) {
+      kpa::paged_attention_v1(Space(), views...);
+    });
+  });
+}
+
+int kpa_paged_attention_v2(void* out, float* exp_sums, float* max_logits, void* tmp_out, int64_t max_num_partitions,
+                           int64_t partition_size, const void* query, kpa_dtype dtype, const void* key_cache,
+                           const void* value_cache, kpa_dtype cache_dtype, int64_t num_seqs, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t head_size, int64_t num_blocks, int64_t block_size,
+                           const int32_t* block_tables, int64_t max_blocks_per_seq, const int32_t* seq_lens,
+                           int64_t max_seq_len, float scale, const float* alibi_slopes, float k_scale, float v_scale,
+                           int tp_rank, const kpa_block_sparse* block_sparse) {
+  constexpr const char* call = "kpa_paged_attention_v2";
+  return guarded([&] {
+    const int partitions = to_int(call, "max_num_partitions", max_num_partitions);
+    const int partition = to_int(call, "partition_size", partition_size, false);
+    const bool any = num_seqs > 0 && partitions > 0;
+    require(call, "exp_sums", exp_sums, any);
+    require(call, "max_logits", max_logits, any);
+    require(call, "tmp_out", tmp_out, any);
+    const AttentionArgs args{query, dtype, key_cache, value_cache, cache_dtype, num_seqs, num_heads, num_kv_heads,
+                             head_size, num_blocks, block_size, block_tables, max_blocks_per_seq, seq_lens,
+                             max_seq_len, scale, alibi_slopes, k_scale, v_scale, tp_rank, block_sparse};
+    with_attention_views(call, out, args, [&](auto t, const auto& out_view, const auto& query_view, const auto& kc,
+                                              const auto& vc, const auto& bt, const auto& sl, int max_len,
+                                              const auto& alibi, const kpa::AttentionParams& params) {
+      using T = typename decltype(t)::type;
+      const auto seqs = out_view.extent(0), heads = out_view.extent(1), size = out_view.extent(2);
+      Unmanaged<float***> sums(exp_sums, seqs, heads, partitions), maxes(max_logits, seqs, heads, partitions);
+      Unmanaged<T****> tmp(static_cast<T*>(tmp_out), seqs, heads, partitions, size);
+      kpa::paged_attention_v2(Space(), out_view, sums, maxes, tmp, query_view, kc, vc, bt, sl, max_len, alibi, params,
+                              partition);
+    });
+  });
+}
+
+int kpa_paged_attention(void* out, const void* query, kpa_dtype dtype, const void* key_cache, const void* value_cache,
+                        kpa_dtype cache_dtype, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                        int64_t head_size, int64_t num_blocks, int64_t block_size, const int32_t* block_tables,
+                        int64_t max_blocks_per_seq, const int32_t* seq_lens, int64_t max_seq_len, float scale,
+                        const float* alibi_slopes, float k_scale, float v_scale, int tp_rank,
+                        const kpa_block_sparse* block_sparse) {
+  return guarded([&] {
+    if (!workspace) workspace = std::make_unique<kpa::Workspace<Space>>();
+    const AttentionArgs args{query, dtype, key_cache, value_cache, cache_dtype, num_seqs, num_heads, num_kv_heads,
+                             head_size, num_blocks, block_size, block_tables, max_blocks_per_seq, seq_lens,
+                             max_seq_len, scale, alibi_slopes, k_scale, v_scale, tp_rank, block_sparse};
+    with_attention_views("kpa_paged_attention", out, args, [&](auto, auto&&... views) {
+      kpa::paged_attention(Space(), *workspace, views...);
+    });
+  });
+}
+
+int kpa_reshape_and_cache(const void* key, const void* value, kpa_dtype dtype, void* key_cache, void* value_cache,
+                          kpa_dtype cache_dtype, int64_t num_tokens, int64_t num_kv_heads, int64_t head_size,
+                          int64_t num_blocks, int64_t block_size, const int64_t* slot_mapping, float k_scale,
+                          float v_scale) {
+  constexpr const char* call = "kpa_reshape_and_cache";
+  return guarded([&] {
+    const int tokens = to_int(call, "num_tokens", num_tokens);
+    const int kv_heads = to_int(call, "num_kv_heads", num_kv_heads, false);
+    const int size = to_int(call, "head_size", head_size, false);
+    const int blocks = to_int(call, "num_blocks", num_blocks);
+    const int bs = to_int(call, "block_size", block_size, false);
+    require(call, "key", key, tokens > 0);
+    require(call, "value", value, tokens > 0);
+    require(call, "slot_mapping", slot_mapping, tokens > 0);
+    require(call, "key_cache", key_cache, blocks > 0);
+    require(call, "value_cache", value_cache, blocks > 0);
+    with_types(call, dtype, cache_dtype, [&](auto t, auto c, kpa::KVCacheDType kv) {
+      using T = typename decltype(t)::type;
+      using C = typename decltype(c)::type;
+      const int x = static_cast<int>(16 / sizeof(C));
+      if (size % x != 0) {
+        invalid(call, "head_size " + std::to_string(size) + " is not supported (need a multiple of x = " +
+                          std::to_string(x) + ")", KPA_ERR_UNSUPPORTED);
+      }
+      Unmanaged<const T***> k(static_cast<const T*>(key), tokens, kv_heads, size);
+      Unmanaged<const T***> v(static_cast<const T*>(value), tokens, kv_heads, size);
+      Unmanaged<C*****> kc(static_cast<C*>(key_cache), blocks, kv_heads, size / x, bs, x);
+      Unmanaged<C****> vc(static_cast<C*>(value_cache), blocks, kv_heads, size, bs);
+      Unmanaged<const std::int64_t*> slots(reinterpret_cast<const std::int64_t*>(slot_mapping), tokens);
+      kpa::reshape_and_cache(Space(), k, v, kc, vc, slots, kv, k_scale, v_scale);
+    });
+  });
+}
+
+}  // extern "C"

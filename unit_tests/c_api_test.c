@@ -1,0 +1,166 @@
+/* The C ABI from plain C: every entry point on a small f32 batch against a double-precision
+ * reference written here, plus the error paths. Pointers are host memory, so this test runs on
+ * builds whose default execution space is a host back end. */
+
+#include <kpa/kpa.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { SEQS = 3, HEADS = 4, KV_HEADS = 2, HEAD = 32, BLOCK = 8, MAX_BLOCKS = 4, NUM_BLOCKS = 12, X = 4 };
+static const int32_t seq_lens[SEQS] = {0, 5, 29};
+static int failures = 0, checks = 0;
+
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    ++checks;                                              \
+    if (!(cond)) {                                         \
+      ++failures;                                          \
+      printf("FAILED %s:%d: ", __FILE__, __LINE__);        \
+      printf(__VA_ARGS__);                                 \
+      printf(" (last error: %s)\n", kpa_last_error());     \
+    }                                                      \
+  } while (0)
+
+static float uniform(unsigned* state) {
+  *state = *state * 1664525u + 1013904223u;
+  return (float)((*state >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+/* keys / values by (sequence, token, kv head, dim); tokens of sequence s live in blocks 4s.. */
+static float keys[SEQS][MAX_BLOCKS * BLOCK][KV_HEADS][HEAD], values[SEQS][MAX_BLOCKS * BLOCK][KV_HEADS][HEAD];
+static float query[SEQS][HEADS][HEAD];
+
+static void reference(double out[SEQS][HEADS][HEAD], float scale) {
+  for (int s = 0; s < SEQS; ++s)
+    for (int h = 0; h < HEADS; ++h) {
+      const int g = h / (HEADS / KV_HEADS);
+      double logits[MAX_BLOCKS * BLOCK], max = -HUGE_VAL, sum = 0.0;
+      for (int d = 0; d < HEAD; ++d) out[s][h][d] = 0.0;
+      if (seq_lens[s] == 0) continue;
+      for (int t = 0; t < seq_lens[s]; ++t) {
+        double dot = 0.0;
+        for (int d = 0; d < HEAD; ++d) dot += (double)query[s][h][d] * keys[s][t][g][d];
+        logits[t] = scale * dot;
+        if (logits[t] > max) max = logits[t];
+      }
+      for (int t = 0; t < seq_lens[s]; ++t) sum += exp(logits[t] - max);
+      for (int t = 0; t < seq_lens[s]; ++t)
+        for (int d = 0; d < HEAD; ++d) out[s][h][d] += exp(logits[t] - max) / sum * values[s][t][g][d];
+    }
+}
+
+static double max_error(const float* got, double ref[SEQS][HEADS][HEAD]) {
+  double worst = 0.0;
+  for (int i = 0; i < SEQS * HEADS * HEAD; ++i) {
+    const double err = fabs(got[i] - (&ref[0][0][0])[i]);
+    if (!(err <= worst)) worst = err; /* NaN propagates */
+  }
+  return worst;
+}
+
+int main(void) {
+  CHECK(kpa_init() == KPA_OK, "kpa_init");
+  CHECK(kpa_init() == KPA_OK, "kpa_init twice");
+  CHECK(strlen(kpa_version()) > 0, "kpa_version");
+
+  unsigned state = 12345u;
+  int32_t block_tables[SEQS][MAX_BLOCKS];
+  int64_t slots[SEQS * MAX_BLOCKS * BLOCK];
+  static float token_keys[SEQS * MAX_BLOCKS * BLOCK][KV_HEADS][HEAD], token_values[SEQS * MAX_BLOCKS * BLOCK][KV_HEADS][HEAD];
+  int tokens = 0;
+  for (int s = 0; s < SEQS; ++s) {
+    for (int b = 0; b < MAX_BLOCKS; ++b) block_tables[s][b] = 4 * s + (MAX_BLOCKS - 1 - b); /* reversed */
+    for (int t = 0; t < seq_lens[s]; ++t, ++tokens) {
+      slots[tokens] = (int64_t)block_tables[s][t / BLOCK] * BLOCK + t % BLOCK;
+      for (int g = 0; g < KV_HEADS; ++g)
+        for (int d = 0; d < HEAD; ++d) {
+          keys[s][t][g][d] = token_keys[tokens][g][d] = uniform(&state);
+          values[s][t][g][d] = token_values[tokens][g][d] = uniform(&state);
+        }
+    }
+    for (int h = 0; h < HEADS; ++h)
+      for (int d = 0; d < HEAD; ++d) query[s][h][d] = uniform(&state);
+  }
+  static float key_cache[NUM_BLOCKS][KV_HEADS][HEAD / X][BLOCK][X], value_cache[NUM_BLOCKS][KV_HEADS][HEAD][BLOCK];
+  CHECK(kpa_reshape_and_cache(token_keys, token_values, KPA_F32, key_cache, value_cache, KPA_F32, tokens, KV_HEADS,
+                              HEAD, NUM_BLOCKS, BLOCK, slots, 1.0f, 1.0f) == KPA_OK,
+        "kpa_reshape_and_cache");
+  CHECK(key_cache[block_tables[2][3]][1][2][4][3] == keys[2][3 * BLOCK + 4][1][2 * X + 3], "key layout");
+  CHECK(value_cache[block_tables[1][0]][0][7][2] == values[1][2][0][7], "value layout");
+
+  const float scale = 1.0f / sqrtf((float)HEAD);
+  static double ref[SEQS][HEADS][HEAD];
+  reference(ref, scale);
+  static float out[SEQS][HEADS][HEAD];
+  const double tolerance = 1e-5;
+
+  memset(out, 0xff, sizeof out); /* NaN */
+  CHECK(kpa_paged_attention_v1(out, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, HEAD,
+                               NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, scale, NULL, 1.0f,
+                               1.0f, 0, NULL) == KPA_OK,
+        "kpa_paged_attention_v1");
+  CHECK(max_error(&out[0][0][0], ref) < tolerance, "v1 error %g", max_error(&out[0][0][0], ref));
+
+  enum { PARTITIONS = 4, PARTITION = 8 };
+  static float exp_sums[SEQS][HEADS][PARTITIONS], max_logits[SEQS][HEADS][PARTITIONS];
+  static float tmp_out[SEQS][HEADS][PARTITIONS][HEAD];
+  memset(out, 0xff, sizeof out);
+  CHECK(kpa_paged_attention_v2(out, &exp_sums[0][0][0], &max_logits[0][0][0], tmp_out, PARTITIONS, PARTITION, query,
+                               KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, HEAD, NUM_BLOCKS,
+                               BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, scale, NULL, 1.0f, 1.0f, 0,
+                               NULL) == KPA_OK,
+        "kpa_paged_attention_v2");
+  CHECK(max_error(&out[0][0][0], ref) < tolerance, "v2 error %g", max_error(&out[0][0][0], ref));
+  CHECK(exp_sums[2][0][3] >= 1.0f && exp_sums[2][0][3] <= 5.0f, "v2 exp_sums of the 5-token last partition");
+
+  for (int call = 0; call < 2; ++call) { /* the second call reuses the library-held workspace */
+    memset(out, 0xff, sizeof out);
+    CHECK(kpa_paged_attention(out, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, HEAD,
+                              NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, scale, NULL, 1.0f,
+                              1.0f, 0, NULL) == KPA_OK,
+          "kpa_paged_attention");
+    CHECK(max_error(&out[0][0][0], ref) < tolerance, "auto error %g", max_error(&out[0][0][0], ref));
+  }
+
+  /* Errors: status codes and messages naming the problem. */
+  int status = kpa_paged_attention_v1(out, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, 3, HEAD,
+                                      NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, scale, NULL,
+                                      1.0f, 1.0f, 0, NULL);
+  CHECK(status == KPA_ERR_INVALID_ARGUMENT && strstr(kpa_last_error(), "num_kv_heads") != NULL,
+        "num_heads %% num_kv_heads: status %d", status);
+  status = kpa_paged_attention_v1(NULL, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, HEAD,
+                                  NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, scale, NULL, 1.0f,
+                                  1.0f, 0, NULL);
+  CHECK(status == KPA_ERR_INVALID_ARGUMENT && strstr(kpa_last_error(), "out is NULL") != NULL, "NULL out: %d", status);
+  status = kpa_paged_attention_v1(out, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, HEAD,
+                                  NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 20, scale, NULL, 1.0f,
+                                  1.0f, 0, NULL);
+  CHECK(status == KPA_ERR_INVALID_ARGUMENT && strstr(kpa_last_error(), "exceeds max_seq_len") != NULL,
+        "max_seq_len too small: %d", status);
+  status = kpa_paged_attention_v1(out, query, KPA_F32, key_cache, value_cache, KPA_F16, SEQS, HEADS, KV_HEADS, HEAD,
+                                  NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, scale, NULL, 1.0f,
+                                  1.0f, 0, NULL);
+  CHECK(status == KPA_ERR_UNSUPPORTED, "f32 query with an f16 cache: %d", status);
+  status = kpa_paged_attention_v1(out, query, (kpa_dtype)9, key_cache, value_cache, (kpa_dtype)9, SEQS, HEADS,
+                                  KV_HEADS, HEAD, NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29,
+                                  scale, NULL, 1.0f, 1.0f, 0, NULL);
+  CHECK(status == KPA_ERR_UNSUPPORTED, "dtype 9: %d", status);
+  slots[0] = NUM_BLOCKS * BLOCK;
+  status = kpa_reshape_and_cache(token_keys, token_values, KPA_F32, key_cache, value_cache, KPA_F32, tokens, KV_HEADS,
+                                 HEAD, NUM_BLOCKS, BLOCK, slots, 1.0f, 1.0f);
+  CHECK(status == KPA_ERR_INVALID_ARGUMENT && strstr(kpa_last_error(), "slot_mapping[0]") != NULL,
+        "slot out of range: %d", status);
+  status = kpa_paged_attention_v2(out, &exp_sums[0][0][0], &max_logits[0][0][0], tmp_out, 2, PARTITION, query,
+                                  KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, HEAD, NUM_BLOCKS,
+                                  BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, scale, NULL, 1.0f, 1.0f, 0,
+                                  NULL);
+  CHECK(status == KPA_ERR_INVALID_ARGUMENT && strstr(kpa_last_error(), "max_num_partitions") != NULL,
+        "too few partitions: %d", status);
+
+  kpa_finalize();
+  printf("%d passed, %d failed\n", checks - failures, failures);
+  return failures == 0 ? 0 : 1;
+}
