@@ -2,9 +2,9 @@
 """Plots KV-cache read throughput against sequence length, one PNG per dtype, with the machine's
 measured read bandwidth as a line.
 
-    scripts/plot_bench.py RESULTS.json [--out-dir DIR] [--bandwidth GBPS]
+    scripts/plot_bench.py RESULTS.json [RESULTS.json ...] [--out-dir DIR] [--bandwidth GBPS]
 
-RESULTS.json is either kpa-bench's --json output (which carries the measured bandwidth) or Google
+Each RESULTS.json is either kpa-bench's --json output (which carries the measured bandwidth) or Google
 Benchmark JSON from kpa-perf-tests (--benchmark_out=FILE --benchmark_out_format=json; pass
 --bandwidth, e.g. from kpa-bench's table). Needs matplotlib (Debian: python3-matplotlib).
 """
@@ -48,17 +48,23 @@ def load(path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results")
+    parser.add_argument("results", nargs="+")
     parser.add_argument("--out-dir", default=".")
     parser.add_argument("--bandwidth", type=float, help="measured read bandwidth, GB/s")
     args = parser.parse_args()
-    rows, bandwidth = load(args.results)
-    bandwidth = args.bandwidth or bandwidth
+    rows, bandwidths = [], []
+    for path in args.results:
+        file_rows, file_bandwidth = load(path)
+        rows += file_rows
+        if file_bandwidth:
+            bandwidths.append(file_bandwidth)
+    # Several runs: the best measured bandwidth is the machine's limit.
+    bandwidth = args.bandwidth or (max(bandwidths) if bandwidths else None)
     by_dtype = collections.defaultdict(lambda: collections.defaultdict(list))
     for dtype, label, seq_len, gbps in rows:
         by_dtype[dtype][label].append((seq_len, gbps))
     if not by_dtype:
-        sys.exit("plot_bench.py: no paged-attention results in " + args.results)
+        sys.exit("plot_bench.py: no paged-attention results in " + ", ".join(args.results))
     os.makedirs(args.out_dir, exist_ok=True)
     for dtype, series in by_dtype.items():
         fig, ax = plt.subplots(figsize=(7, 4.2))
