@@ -3,6 +3,7 @@
 
 #include "baselines.hpp"
 #include "machine_limits.hpp"
+#include "reference.hpp"
 
 #include <kpa/kpa.hpp>
 
@@ -379,7 +380,8 @@ class Bench {
     }
   }
 
-  /// Max |kpa - float64 reference| over a sample of up to 16 (sequence, head) pairs.
+  /// Max |kpa - float64 reference| over 16 sampled (sequence, head) pairs, with the tests'
+  /// reference (unit_tests/reference.hpp) run on the sampled sequences as the cache holds them.
   double check_sample() {
     const auto q = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), query_);
     const auto out = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out_);
@@ -387,33 +389,40 @@ class Bench {
     const auto v = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), value_cache_);
     const auto bt = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), block_tables_);
     const auto slopes = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), alibi_);
-    const int x = static_cast<int>(16 / sizeof(C)), group = w_.num_query_heads / w_.num_kv_heads;
+    const int x = static_cast<int>(16 / sizeof(C)), D = w_.head_size, B = w_.block_size;
+    std::mt19937 rng(3);
+    std::vector<std::pair<int, int>> samples;  // (sequence, head)
+    for (int i = 0; i < 16; ++i) samples.emplace_back(rng() % w_.batch_size, rng() % w_.num_query_heads);
     double worst = 0.0;
     with_storage([&](auto* storage) {
       using S = std::remove_pointer_t<decltype(storage)>;
-      std::mt19937 rng(3);
-      for (int sample = 0; sample < 16; ++sample) {
-        const int s = static_cast<int>(rng() % w_.batch_size), h = static_cast<int>(rng() % w_.num_query_heads);
-        const int g = h / group, len = w_.seq_len;
-        std::vector<double> logits(len), o(w_.head_size, 0.0);
-        double m = -HUGE_VAL, sum = 0.0;
-        for (int t = 0; t < len; ++t) {
-          const int b = bt(s, t / w_.block_size), slot = t % w_.block_size;
-          double dot = 0.0;
-          for (int d = 0; d < w_.head_size; ++d)
-            dot += static_cast<double>(kpa::to_float(q(s, h, d))) * cache_value<S>(k(b, g, d / x, slot, d % x), params_.k_scale);
-          logits[t] = params_.scale * dot + (slopes.extent(0) ? static_cast<double>(slopes(h)) * (t - len + 1) : 0.0);
-          m = std::max(m, logits[t]);
-        }
-        for (int t = 0; t < len; ++t) {
-          const double p = std::exp(logits[t] - m);
-          sum += p;
-          const int b = bt(s, t / w_.block_size), slot = t % w_.block_size;
-          for (int d = 0; d < w_.head_size; ++d) o[d] += p * cache_value<S>(v(b, g, d, slot), params_.v_scale);
-        }
-        for (int d = 0; d < w_.head_size; ++d) {
-          worst = std::max(worst, std::fabs(kpa::to_float(out(s, h, d)) - o[d] / sum));
-        }
+      for (const auto& [s, h] : samples) {
+        // A one-sequence problem holding sequence s, its blocks renumbered 0, 1, ...
+        kpa_test::HostProblem p;
+        p.num_seqs = 1;
+        p.num_heads = w_.num_query_heads;
+        p.num_kv_heads = w_.num_kv_heads;
+        p.head_size = D;
+        p.block_size = B;
+        p.num_blocks = p.max_blocks_per_seq = blocks_per_seq_;
+        p.scale = params_.scale;
+        p.seq_lens = {w_.seq_len};
+        p.block_tables.resize(blocks_per_seq_);
+        std::iota(p.block_tables.begin(), p.block_tables.end(), 0);
+        for (int hh = 0; hh < p.num_heads; ++hh)
+          for (int d = 0; d < D; ++d) p.query.push_back(kpa::to_float(q(s, hh, d)));
+        for (std::size_t hh = 0; hh < slopes.extent(0); ++hh) p.alibi.push_back(slopes(hh));
+        p.keys.resize(static_cast<std::size_t>(blocks_per_seq_) * p.num_kv_heads * B * D);
+        p.values.resize(p.keys.size());
+        for (int b = 0; b < blocks_per_seq_; ++b)
+          for (int g = 0; g < p.num_kv_heads; ++g)
+            for (int o = 0; o < B; ++o)
+              for (int d = 0; d < D; ++d) {
+                p.keys[p.kv_index(b, g, o, d)] = cache_value<S>(k(bt(s, b), g, d / x, o, d % x), params_.k_scale);
+                p.values[p.kv_index(b, g, o, d)] = cache_value<S>(v(bt(s, b), g, d, o), params_.v_scale);
+              }
+        const kpa_test::ReferencePart ref = kpa_test::reference_part(p, 0, h, 0, w_.seq_len);
+        for (int d = 0; d < D; ++d) worst = std::max(worst, std::fabs(kpa::to_float(out(s, h, d)) - ref.out[d]));
       }
     });
     return worst;
