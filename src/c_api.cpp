@@ -6,6 +6,7 @@
 
 #include <climits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -19,6 +20,7 @@ using Unmanaged = Kokkos::View<DataType, Kokkos::LayoutRight, Memory, Kokkos::Me
 thread_local std::string last_error;
 bool kokkos_initialised_by_kpa = false;
 std::unique_ptr<kpa::Workspace<Space>> workspace;  // released before Kokkos finalises
+std::mutex workspace_mutex;                         // kpa_paged_attention callers share it
 
 /// Thrown for argument errors found by this layer itself.
 struct InvalidArgument : std::invalid_argument {
@@ -249,6 +251,7 @@ int kpa_paged_attention(void* out, const void* query, kpa_dtype dtype, const voi
                         const float* alibi_slopes, float k_scale, float v_scale, int tp_rank,
                         const kpa_block_sparse* block_sparse) {
   return guarded([&] {
+    const std::lock_guard<std::mutex> lock(workspace_mutex);
     if (!workspace) workspace = std::make_unique<kpa::Workspace<Space>>();
     const AttentionArgs args{query, dtype, key_cache, value_cache, cache_dtype, num_seqs, num_heads, num_kv_heads,
                              head_size, num_blocks, block_size, block_tables, max_blocks_per_seq, seq_lens,

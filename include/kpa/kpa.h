@@ -59,7 +59,8 @@ int kpa_paged_attention_v2(void* out, float* exp_sums, float* max_logits, void* 
                            int64_t max_seq_len, float scale, const float* alibi_slopes, float k_scale, float v_scale,
                            int tp_rank, const kpa_block_sparse* block_sparse);
 
-/* The launch planner decides (single pass or partitions); a library-held workspace is reused. */
+/* The launch planner decides (single pass or partitions); a library-held workspace is reused
+ * (concurrent calls from several threads take turns for it). */
 int kpa_paged_attention(void* out, const void* query, kpa_dtype dtype, const void* key_cache, const void* value_cache,
                         kpa_dtype cache_dtype, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                         int64_t head_size, int64_t num_blocks, int64_t block_size, const int32_t* block_tables,
