@@ -21,6 +21,10 @@ std::vector<std::int64_t> range(std::int64_t first, std::int64_t count) {
 
 TEST(BlockAllocator, AppendsAcrossBlockBoundaries) {
   kpa::BlockAllocator allocator(8, 4);
+  EXPECT_EQ(allocator.num_blocks(), 8);
+  EXPECT_EQ(allocator.block_size(), 4);
+  EXPECT_EQ(allocator.num_free_blocks(), 8);
+  EXPECT_FALSE(allocator.has_sequence(7));
   allocator.add_sequence(7);
   auto a = allocator.append_tokens(7, 3);
   EXPECT_EQ(a.slots, range(0, 3));  // block 0

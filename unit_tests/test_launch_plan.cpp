@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <set>
+#include <sstream>
 
 namespace {
 
@@ -136,6 +137,12 @@ TEST(LaunchPlan, OverridesAndBadShapes) {
   EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 3, 100)), kpa::Error);
   EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 8, -1)), kpa::Error);
   EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 8, 10, 0)), kpa::Error);
+}
+
+TEST(LaunchPlan, PrintsTheDeviceProfile) {
+  std::ostringstream os;
+  os << kpa::DeviceProfile::bi_v100();
+  EXPECT_EQ(os.str(), "DeviceProfile{name=bi-v100 sm_count=16 sm_occupancy=2 subscription_factor=5 max_blocks=160 gpu}");
 }
 
 TEST(LaunchPlan, PrintsEveryField) {
