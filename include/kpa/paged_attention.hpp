@@ -76,11 +76,6 @@ class Workspace {
 
 namespace detail {
 
-template <class T>
-constexpr int cache_x() {
-  return static_cast<int>(16 / sizeof(T));
-}
-
 /// Builds the team policy for `kernel` from `plan`, choosing the scratch level that fits.
 template <class Policy, class Kernel>
 Policy team_policy_for(const char* call, const typename Policy::execution_space& space, const LaunchPlan& plan,
@@ -135,7 +130,6 @@ void run_partition_kernel(const char* label, const Space& space, const LaunchPla
   geo.group_size = shape.num_heads / shape.num_kv_heads;
   geo.head_size = shape.head_size;
   geo.block_size = shape.block_size;
-  geo.x = cache_x<CacheT>();
   geo.partition_size = plan.partition_size;
   geo.num_partitions = plan.num_partitions;
   geo.tiles = plan.tiles;
@@ -183,9 +177,7 @@ void run_partition_reduce(const char* label, const Space& space, const LaunchPla
   if (items == 0) return;
   Kernel kernel{out, seq_lens, exp_sums, max_logits, tmp_out, shape.num_heads, shape.head_size, plan.partition_size,
                 items, plan.reduce_league_size};
-  // The reduce's scratch (one float per partition) always fits level 0.
-  auto policy = typename Kernel::policy_type(space, plan.reduce_league_size, plan.team_size, plan.vector_length);
-  policy.set_scratch_size(0, Kokkos::PerTeam(kernel.scratch_bytes()));
+  const auto policy = team_policy_for<typename Kernel::policy_type>(label, space, plan, plan.reduce_league_size, kernel);
   Kokkos::parallel_for(label, policy, kernel);
 }
 

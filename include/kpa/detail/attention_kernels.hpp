@@ -55,7 +55,6 @@ struct PartitionGeometry {
   int group_size = 0;  ///< query heads per kv head
   int head_size = 0;
   int block_size = 0;
-  int x = 0;  ///< elements per 16-byte key vector
   int partition_size = 0;
   int num_partitions = 0;
   int tiles = 0;
@@ -366,11 +365,12 @@ struct PartitionReduceKernel {
   int partition_size = 0;
   int items = 0;  ///< num_seqs * num_heads
   int league_size = 0;
+  int scratch_level = 0;
 
   std::size_t scratch_bytes() const { return scratch_view::shmem_size(exp_sums.extent(2)); }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& member) const {
-    scratch_view shares(member.team_scratch(0), exp_sums.extent(2));
+    scratch_view shares(member.team_scratch(scratch_level), exp_sums.extent(2));
     int first = 0, count = 0;
     even_share(items, league_size, member.league_rank(), first, count);
     for (int item = first; item < first + count; ++item) {
