@@ -48,8 +48,9 @@ TYPED_TEST(PagedAttention, PartitionBoundariesDefaultPartitionSize) {
 }
 
 TYPED_TEST(PagedAttention, GqaAndMqaRatios) {
-  // (num_heads, num_kv_heads): MHA, GQA 2, 3 and 4, MQA, and a group larger than one pass (12 > 8).
-  for (auto [heads, kv_heads] : {std::pair{4, 4}, {8, 4}, {6, 2}, {32, 8}, {8, 1}, {12, 1}, {24, 2}}) {
+  // (num_heads, num_kv_heads): MHA, GQA 2 to 6, MQA, and groups larger than one pass (12 > 8).
+  for (auto [heads, kv_heads] :
+       {std::pair{4, 4}, {8, 4}, {6, 2}, {32, 8}, {10, 2}, {12, 2}, {8, 1}, {12, 1}, {24, 2}}) {
     ProblemSpec spec;
     spec.seq_lens = {37, 300, 129};
     spec.num_heads = heads;

@@ -143,13 +143,15 @@ struct PartitionKernel {
       const int heads = (geo.group_size - head0 < kMaxHeadsPerPass) ? geo.group_size - head0 : kMaxHeadsPerPass;
       const Pass pass{seq, kv_head, kv_head * geo.group_size + head0, heads, seq_len, begin, end, partition};
       // Head counts become compile-time constants so the inner loops unroll and vectorise;
-      // a pass of 3, 5, 6 or 7 heads runs with zero-query padding heads that are never stored.
+      // a pass of 3, 5 or 7 heads runs with zero-query padding heads that are never stored.
       if (heads == 1) {
         run_pass<1>(member, scratch, pass);
       } else if (heads == 2) {
         run_pass<2>(member, scratch, pass);
       } else if (heads <= 4) {
         run_pass<4>(member, scratch, pass);
+      } else if (heads <= 6) {
+        run_pass<6>(member, scratch, pass);
       } else {
         run_pass<8>(member, scratch, pass);
       }
