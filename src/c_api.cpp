@@ -57,10 +57,12 @@ int guarded(Body&& body) {
   } catch (const InvalidArgument& e) {
     last_error = e.what();
     return e.status;
+  } catch (const kpa::UnsupportedError& e) {
+    last_error = e.what();
+    return KPA_ERR_UNSUPPORTED;
   } catch (const kpa::Error& e) {
     last_error = e.what();
-    const bool unsupported = last_error.find("is not supported") != std::string::npos;
-    return unsupported ? KPA_ERR_UNSUPPORTED : KPA_ERR_INVALID_ARGUMENT;
+    return KPA_ERR_INVALID_ARGUMENT;
   } catch (const std::exception& e) {
     last_error = std::string("kpa: ") + e.what();
     return KPA_ERR_RUNTIME;
@@ -153,10 +155,6 @@ void with_attention_views(const char* call, void* out, const AttentionArgs& a, B
     using C = typename decltype(c)::type;
     params.kv_cache_dtype = kv;
     const int x = static_cast<int>(16 / sizeof(C));
-    if (head_size % x != 0) {
-      invalid(call, "head_size " + std::to_string(head_size) + " is not supported (need a multiple of x = " +
-                        std::to_string(x) + ")", KPA_ERR_UNSUPPORTED);
-    }
     Unmanaged<T***> out_view(static_cast<T*>(out), seqs, heads, head_size);
     Unmanaged<const T***> query(static_cast<const T*>(a.query), seqs, heads, head_size);
     Unmanaged<const C*****> key_cache(static_cast<const C*>(a.key_cache), blocks, kv_heads, head_size / x, block_size, x);
@@ -282,10 +280,6 @@ int kpa_reshape_and_cache(const void* key, const void* value, kpa_dtype dtype, v
       using T = typename decltype(t)::type;
       using C = typename decltype(c)::type;
       const int x = static_cast<int>(16 / sizeof(C));
-      if (size % x != 0) {
-        invalid(call, "head_size " + std::to_string(size) + " is not supported (need a multiple of x = " +
-                          std::to_string(x) + ")", KPA_ERR_UNSUPPORTED);
-      }
       Unmanaged<const T***> k(static_cast<const T*>(key), tokens, kv_heads, size);
       Unmanaged<const T***> v(static_cast<const T*>(value), tokens, kv_heads, size);
       Unmanaged<C*****> kc(static_cast<C*>(key_cache), blocks, kv_heads, size / x, bs, x);

@@ -144,6 +144,11 @@ int main(void) {
                                   NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, scale, NULL, 1.0f,
                                   1.0f, 0, NULL);
   CHECK(status == KPA_ERR_UNSUPPORTED, "f32 query with an f16 cache: %d", status);
+  status = kpa_paged_attention_v1(out, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, 30,
+                                  NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, scale, NULL, 1.0f,
+                                  1.0f, 0, NULL);
+  CHECK(status == KPA_ERR_UNSUPPORTED && strstr(kpa_last_error(), "head_size 30 is not supported") != NULL,
+        "head size 30 (not a multiple of x = 4): %d", status);
   status = kpa_paged_attention_v1(out, query, (kpa_dtype)9, key_cache, value_cache, (kpa_dtype)9, SEQS, HEADS,
                                   KV_HEADS, HEAD, NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29,
                                   scale, NULL, 1.0f, 1.0f, 0, NULL);

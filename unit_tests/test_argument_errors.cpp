@@ -40,7 +40,6 @@ struct Fixture {
   kpa::Workspace<Space> workspace;
   explicit Fixture(const ProblemSpec& spec) : host(make_problem<T>(spec)), d(host) {}
 
-  template <class... Extra>
   void v1(int max_seq_len, const kpa::AttentionParams& params) {
     kpa::paged_attention_v1(Space(), d.out, d.query, d.key_cache, d.value_cache, d.block_tables, d.seq_lens,
                             max_seq_len, d.alibi, params);
@@ -164,6 +163,7 @@ TYPED_TEST(ArgumentErrors, ShapesThatDoNotFit) {
     spec.head_size = 264;
     Fixture<Space, float> f(spec);
     f.all(40, f.d.params, "head_size 264 is not supported");
+    EXPECT_THROW(f.v1(40, f.d.params), kpa::UnsupportedError);
   }
   {
     // x = 8 for 2-byte caches: head_size 20 cannot be laid out.

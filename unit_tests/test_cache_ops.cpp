@@ -181,6 +181,9 @@ TYPED_TEST(CacheOps, ReshapeAndCacheRejectsBadSlotsAndShapes) {
   }
   EXPECT_THROW(kpa::reshape_and_cache(Space(), key, value, key_cache, value_cache, slots, kpa::KVCacheDType::Fp8E4M3),
                kpa::Error);
+  Kokkos::View<float***, Kokkos::LayoutRight, MS> odd_key("k", 3, 2, 30), odd_value("v", 3, 2, 30);
+  EXPECT_THROW(kpa::reshape_and_cache(Space(), odd_key, odd_value, key_cache, value_cache, slots, kpa::KVCacheDType::Auto),
+               kpa::UnsupportedError);  // head_size 30 is not a multiple of x = 4
   Kokkos::View<std::int64_t*, MS> short_slots("slots", 2);
   EXPECT_THROW(kpa::reshape_and_cache(Space(), key, value, key_cache, value_cache, short_slots, kpa::KVCacheDType::Auto),
                kpa::Error);
@@ -265,7 +268,14 @@ TYPED_TEST(CacheOps, SwapBlocksBetweenMemorySpacesRoundTrips) {
     for (std::size_t e = 0; e < block; ++e)
       ASSERT_EQ(after.data()[b * block + e].bits, before.data()[source_of[b] * block + e].bits) << "block " << b;
   out_map(1, 1) = 3;  // the host cache has 3 blocks
-  EXPECT_THROW(kpa::swap_blocks(Space(), device, host, out_map), kpa::Error);
+  try {
+    kpa::swap_blocks(Space(), device, host, out_map);
+    ADD_FAILURE() << "accepted block 3 of a 3-block destination";
+  } catch (const kpa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("block_mapping[1][1] = 3 is outside [0, num_blocks = 3) of the destination cache"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

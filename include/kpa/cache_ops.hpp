@@ -32,9 +32,11 @@ KOKKOS_INLINE_FUNCTION C to_cache_element(const T& value, KVCacheDType dtype, fl
   }
 }
 
-/// Checks that every block id in a [pairs][2] mapping lies in [0, num_blocks).
+/// Checks a [pairs][2] int64 block mapping: every source id (column 0) in [0, src_blocks), every
+/// destination id (column 1) in [0, dst_blocks). Reads the mapping on the host.
 template <class MappingView>
-void check_block_mapping(const char* call, const MappingView& block_mapping, std::int64_t num_blocks) {
+void check_block_mapping(const char* call, const MappingView& block_mapping, std::int64_t src_blocks,
+                         std::int64_t dst_blocks) {
   static_assert(MappingView::rank == 2 && std::is_same_v<typename MappingView::non_const_value_type, std::int64_t>,
                 "block_mapping is int64 [pairs][2]");
   if (block_mapping.extent(0) > 0 && block_mapping.extent(1) != 2) {
@@ -44,8 +46,10 @@ void check_block_mapping(const char* call, const MappingView& block_mapping, std
   for (std::size_t i = 0; i < mapping.extent(0); ++i) {
     for (int side = 0; side < 2; ++side) {
       const std::int64_t block = mapping(i, side);
-      if (block < 0 || block >= num_blocks) {
-        fail(call, "block_mapping[", i, "][", side, "] = ", block, " is outside [0, num_blocks = ", num_blocks, ")");
+      const std::int64_t limit = side == 0 ? src_blocks : dst_blocks;
+      if (block < 0 || block >= limit) {
+        fail(call, "block_mapping[", i, "][", side, "] = ", block, " is outside [0, num_blocks = ", limit, ") of the ",
+             side == 0 ? "source" : "destination", " cache");
       }
     }
   }
@@ -107,7 +111,10 @@ void reshape_and_cache(const Space& space, const KeyView& key, const ValueView& 
     detail::fail(call, "value extents ", detail::extents_of(value), " differ from key extents ",
                  detail::extents_of(key));
   }
-  if (head_size % x != 0 || static_cast<int>(key_cache.extent(1)) != num_kv_heads ||
+  if (head_size % x != 0) {
+    detail::fail<UnsupportedError>(call, "head_size ", head_size, " is not supported (need a multiple of x = ", x, ")");
+  }
+  if (static_cast<int>(key_cache.extent(1)) != num_kv_heads ||
       static_cast<int>(key_cache.extent(2) * key_cache.extent(4)) != head_size ||
       static_cast<int>(key_cache.extent(4)) != x) {
     detail::fail(call, "key_cache extents ", detail::extents_of(key_cache), " do not match [num_blocks, ", num_kv_heads,
@@ -170,11 +177,13 @@ void copy_blocks(const Space& space, const std::vector<KeyCacheView>& key_caches
     }
     num_blocks = std::min<std::int64_t>(num_blocks, key_caches[layer].extent(0));
   }
-  detail::check_block_mapping(call, block_mapping, num_blocks);
+  detail::check_block_mapping(call, block_mapping, num_blocks, num_blocks);
   auto copy = [&](const auto& cache) {
     using View = std::decay_t<decltype(cache)>;
     static_assert(Kokkos::SpaceAccessibility<Space, typename View::memory_space>::accessible,
                   "caches must be accessible from the execution space");
+    static_assert(std::is_same_v<typename View::array_layout, Kokkos::LayoutRight>,
+                  "caches are LayoutRight: a block is one contiguous run of elements");
     if (cache.extent(0) == 0 || pairs == 0) return;
     auto* data = cache.data();
     const std::int64_t block_elems = static_cast<std::int64_t>(cache.size() / cache.extent(0));
@@ -210,21 +219,7 @@ void swap_blocks(const Space& space, const SrcCacheView& src, const DstCacheView
                    " differ beyond the block index");
     }
   }
-  static_assert(MappingView::rank == 2 && std::is_same_v<typename MappingView::non_const_value_type, std::int64_t>,
-                "block_mapping is int64 [pairs][2]");
-  if (block_mapping.extent(0) > 0 && block_mapping.extent(1) != 2) {
-    detail::fail(call, "block_mapping extents ", detail::extents_of(block_mapping), " are not [pairs, 2]");
-  }
-  for (std::size_t i = 0; i < block_mapping.extent(0); ++i) {
-    for (int side = 0; side < 2; ++side) {
-      const std::int64_t block = block_mapping(i, side);
-      const std::int64_t limit = side == 0 ? src.extent(0) : dst.extent(0);
-      if (block < 0 || block >= limit) {
-        detail::fail(call, "block_mapping[", i, "][", side, "] = ", block, " is outside [0, ", limit, ") of the ",
-                     side == 0 ? "src" : "dst", " cache");
-      }
-    }
-  }
+  detail::check_block_mapping(call, block_mapping, src.extent(0), dst.extent(0));
   for (std::size_t i = 0; i < block_mapping.extent(0); ++i) {
     Kokkos::deep_copy(space, detail::cache_block(dst, block_mapping(i, 1)), detail::cache_block(src, block_mapping(i, 0)));
   }

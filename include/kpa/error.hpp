@@ -13,4 +13,11 @@ class Error : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+/// The kpa::Error for a well-formed request kpa does not implement (e.g. a head size outside the
+/// supported set), as opposed to arguments that contradict each other.
+class UnsupportedError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace kpa

@@ -303,13 +303,13 @@ class Bench {
     }
   }
 
+  /// The plan of the last call: the workspace's for auto; v1 and v2 plan with their fixed
+  /// partition size (one partition, or partition_), as they do inside.
   std::string plan() const {
     kpa::ProblemShape shape{w_.batch_size, w_.num_query_heads, w_.num_kv_heads, w_.head_size, w_.block_size, w_.seq_len};
     kpa::PlanOptions options;
-    if (w_.version == "v1") options.partition_size = blocks_per_seq_ * w_.block_size;
-    if (w_.version == "v2") options.partition_size = partition_;
-    if (w_.version == "auto") options.partition_size = w_.partition_size;
-    const kpa::LaunchPlan p = kpa::plan_launch(Space(), shape, options);
+    options.partition_size = w_.version == "v1" ? blocks_per_seq_ * w_.block_size : partition_;
+    const kpa::LaunchPlan p = w_.version == "auto" ? workspace_.last_plan() : kpa::plan_launch(Space(), shape, options);
     std::ostringstream os;
     os << "P" << p.partition_size << "x" << p.num_partitions << " L" << p.league_size << " T" << p.team_size
        << (p.single_tile ? " single" : "");
@@ -334,8 +334,8 @@ class Bench {
   Result run(const Options& o, const MachineLimits& limits) {
     Result r;
     r.w = w_;
-    r.plan = plan();
     const auto times = time_us(o.warmup, o.iters, [&] { run_kpa(); });
+    r.plan = plan();
     r.median_us = times[times.size() / 2];
     r.min_us = times.front();
     const double tokens = static_cast<double>(w_.batch_size) * w_.seq_len;

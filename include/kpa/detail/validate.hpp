@@ -14,12 +14,13 @@
 
 namespace kpa::detail {
 
-template <class... Parts>
+/// Throws Exception (kpa::Error unless named) with "<call>: <parts...>".
+template <class Exception = Error, class... Parts>
 [[noreturn]] void fail(const char* call, const Parts&... parts) {
   std::ostringstream message;
   message << call << ": ";
   (message << ... << parts);
-  throw Error(message.str());
+  throw Exception(message.str());
 }
 
 template <class View>
@@ -109,7 +110,7 @@ ProblemShape check_attention_args(const char* call, const OutView& out, const Qu
     fail(call, "out extents ", extents_of(out), " differ from query extents ", extents_of(query));
   }
   if (!is_supported_head_size(shape.head_size, x)) {
-    fail(call, "head_size ", shape.head_size, " is not supported (need a multiple of x = ", x,
+    fail<UnsupportedError>(call, "head_size ", shape.head_size, " is not supported (need a multiple of x = ", x,
          " between ", x, " and 256)");
   }
   if (static_cast<int>(key_cache.extent(4)) != x ||
