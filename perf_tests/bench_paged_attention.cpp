@@ -2,6 +2,8 @@
 // length, GQA ratio and cache dtype. Counters: KV bytes read per second and FLOP/s
 // (2 FLOP per multiply-add in q.K and p.V).
 
+#include "fill_random.hpp"
+
 #include <kpa/kpa.hpp>
 
 #include <benchmark/benchmark.h>
@@ -44,20 +46,14 @@ struct Batch {
         block_tables("bt", seqs, blocks()), seq_lens("lens", seqs),
         exp_sums("es", seqs, h, (len + 511) / 512), max_logits("ml", seqs, h, (len + 511) / 512),
         tmp_out("to", seqs, h, (len + 511) / 512, d) {
-    const auto k = key_cache, v = value_cache;
-    const auto q = query;
-    Kokkos::parallel_for(
-        "kpa_bench::fill", Kokkos::RangePolicy<Space>(0, k.size()), KOKKOS_LAMBDA(std::size_t i) {
-          const auto hash = [](std::size_t s) { return ((s * 2654435761u) % 20011u) / 10005.5f - 1.0f; };
-          if constexpr (std::is_same_v<C, std::uint8_t>) {
-            k.data()[i] = kpa::to_fp8_e4m3(hash(i) * 100.0f).bits;
-            v.data()[i] = kpa::to_fp8_e4m3(hash(i + 7919) * 100.0f).bits;
-          } else {
-            k.data()[i] = kpa::detail::from_float<T>(hash(i));
-            v.data()[i] = kpa::detail::from_float<T>(hash(i + 7919));
-          }
-          if (i < q.size()) q.data()[i] = kpa::detail::from_float<T>(hash(i + 104729));
-        });
+    params.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    if constexpr (std::is_same_v<C, std::uint8_t>) {
+      params.kv_cache_dtype = kpa::KVCacheDType::Fp8E4M3;
+      params.k_scale = params.v_scale = 0.01f;
+    }
+    kpa::detail::with_cache_storage<C>(params.kv_cache_dtype, [&](auto storage) {
+      kpa_bench::fill_random<typename decltype(storage)::type>(Space(), key_cache, value_cache, query, 1, params.k_scale);
+    });
     std::vector<int> order(seqs * blocks());
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), std::mt19937(1));
@@ -69,11 +65,6 @@ struct Batch {
     }
     Kokkos::deep_copy(block_tables, tables);
     Kokkos::deep_copy(seq_lens, lens);
-    params.scale = 1.0f / std::sqrt(static_cast<float>(d));
-    if constexpr (std::is_same_v<C, std::uint8_t>) {
-      params.kv_cache_dtype = kpa::KVCacheDType::Fp8E4M3;
-      params.k_scale = params.v_scale = 0.01f;
-    }
     params.check_indices = false;  // validated once above; time the kernels
   }
   int blocks() const { return (seq_len + block_size - 1) / block_size; }

@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
 # Installs what kpa needs on a fresh Debian 12 machine and prints the Kokkos prefix to use.
 #
-#   scripts/bootstrap-deps.sh [PREFIX]      (default PREFIX: <repo>/.deps/install)
+#   scripts/bootstrap-deps.sh [PREFIX]          host Kokkos (default PREFIX: <repo>/.deps/install)
+#   scripts/bootstrap-deps.sh --cuda [PREFIX]   CUDA Kokkos (default PREFIX: <repo>/.deps/install-cuda)
 #
 # With KPA_SKIP_KOKKOS=1 only the distribution packages are installed (for builds against a
-# Kokkos given through Kokkos_ROOT, e.g. a CUDA-enabled one).
+# Kokkos given through Kokkos_ROOT).
 # - Distribution packages (as root, only those missing): C and C++ compilers, CMake, GoogleTest,
 #   Google Benchmark, dpkg-dev (for `apt-get source`), python3 with numpy (the ctypes test).
-# - Kokkos 3.4.1 (Serial + OpenMP) and Kokkos Kernels 3.4, built from the distribution's
-#   `trilinos` source package into PREFIX, once; later runs reuse the prefix.
-# The deb-src entry is derived from the machine's own apt sources, so no archive host is
-# written down anywhere in the project.
+# - The Kokkos 3.4.1 and Kokkos Kernels 3.4 sources, from the distribution's `trilinos` source
+#   package, fetched once into <repo>/.deps/src.
+# - Host: Kokkos (Serial + OpenMP) and Kokkos Kernels, built into PREFIX once.
+# - --cuda: Kokkos (Serial + OpenMP + CUDA, architecture KPA_CUDA_ARCH, default AMPERE80) with
+#   scripts/patches/kokkos-3.4.1-cuda13.patch applied, built into PREFIX once (about 6 MB);
+#   nvcc must be on PATH or in /usr/local/cuda/bin. Kokkos Kernels is not built for it.
+# Later runs reuse a complete prefix. The deb-src entry is derived from the machine's own apt
+# sources, so no archive host is written down anywhere in the project.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-prefix=${1:-$repo/.deps/install}
-work=$repo/.deps/work
+cuda=0
+if [ "${1:-}" = "--cuda" ]; then cuda=1; shift; fi
+if [ "$cuda" = 1 ]; then prefix=${1:-$repo/.deps/install-cuda}; else prefix=${1:-$repo/.deps/install}; fi
+src=$repo/.deps/src
+work=$repo/.deps/work-$([ "$cuda" = 1 ] && echo cuda || echo host)
+cuda_arch=${KPA_CUDA_ARCH:-AMPERE80}
 log() { printf '[kpa deps] %s\n' "$*" >&2; }
 
 as_root() {
@@ -30,7 +39,7 @@ apt_update_once() {
 
 install_packages() {
   local missing=()
-  for pkg in g++ gcc cmake make libgtest-dev libbenchmark-dev dpkg-dev xz-utils python3 python3-numpy; do
+  for pkg in g++ gcc cmake make libgtest-dev libbenchmark-dev dpkg-dev xz-utils patch python3 python3-numpy; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
   done
   if [ "${#missing[@]}" -gt 0 ]; then
@@ -65,38 +74,76 @@ ensure_deb_src() {
   apt_update_once
 }
 
-build_kokkos() {
-  log "building Kokkos and Kokkos Kernels from the distribution's trilinos source into $prefix"
-  rm -rf "$work"; mkdir -p "$work"
+# packages/kokkos and packages/kokkos-kernels of the trilinos source package, in $src.
+fetch_sources() {
+  [ -f "$src/.complete" ] && return
   ensure_deb_src
-  (cd "$work" && apt-get source --download-only trilinos >&2)
+  local download=$repo/.deps/download
+  rm -rf "$download" "$src"; mkdir -p "$download" "$src"
+  (cd "$download" && apt-get source --download-only trilinos >&2)
   local orig
-  orig=$(ls "$work"/trilinos_*.orig.tar.* | head -n1)
+  orig=$(ls "$download"/trilinos_*.orig.tar.* | head -n1)
   log "extracting packages/kokkos and packages/kokkos-kernels from $(basename "$orig")"
-  mkdir -p "$work/src"
-  tar -xf "$orig" -C "$work/src" --strip-components=1 --wildcards \
-    '*/packages/kokkos/*' '*/packages/kokkos-kernels/*'
+  tar -xf "$orig" -C "$src" --strip-components=2 --wildcards '*/packages/kokkos/*' '*/packages/kokkos-kernels/*'
+  rm -rf "$download"
+  touch "$src/.complete"
+}
+
+# SM number of a Kokkos architecture name (AMPERE80 -> 80), for nvcc's -arch.
+sm_of() { printf '%s' "${1//[!0-9]/}"; }
+
+build_host() {
+  log "building Kokkos (Serial, OpenMP) and Kokkos Kernels into $prefix"
   local jobs; jobs=$(nproc)
-  cmake -S "$work/src/packages/kokkos" -B "$work/build-kokkos" -DCMAKE_BUILD_TYPE=Release \
+  rm -rf "$work"; mkdir -p "$work"
+  cmake -S "$src/kokkos" -B "$work/build-kokkos" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_CXX_STANDARD=17 -DCMAKE_CXX_EXTENSIONS=OFF \
     -DKokkos_ENABLE_SERIAL=ON -DKokkos_ENABLE_OPENMP=ON -DBUILD_SHARED_LIBS=ON >&2
   cmake --build "$work/build-kokkos" -j "$jobs" >&2
   cmake --install "$work/build-kokkos" >&2
-  cmake -S "$work/src/packages/kokkos-kernels" -B "$work/build-kernels" -DCMAKE_BUILD_TYPE=Release \
+  cmake -S "$src/kokkos-kernels" -B "$work/build-kernels" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_INSTALL_PREFIX="$prefix" -DKokkos_ROOT="$prefix" -DCMAKE_CXX_EXTENSIONS=OFF \
     -DKokkosKernels_ADD_DEFAULT_ETI=OFF -DBUILD_SHARED_LIBS=ON >&2
   cmake --build "$work/build-kernels" -j "$jobs" >&2
   cmake --install "$work/build-kernels" >&2
-  touch "$prefix/.kpa-deps-complete"
+  echo host > "$prefix/.kpa-deps-complete"
+  rm -rf "$work"
+}
+
+build_cuda() {
+  command -v nvcc >/dev/null || { log "nvcc is not on PATH or in /usr/local/cuda/bin"; exit 1; }
+  log "building Kokkos (Serial, OpenMP, CUDA $cuda_arch) into $prefix"
+  local jobs; jobs=$(nproc)
+  rm -rf "$work"; mkdir -p "$work"
+  cp -r "$src/kokkos" "$work/kokkos"
+  local patch_file=$repo/scripts/patches/kokkos-3.4.1-cuda13.patch
+  # Idempotent: a tree that already has the changes is left as it is.
+  if ! (cd "$work/kokkos" && patch -p1 -R --dry-run -s -f < "$patch_file" >/dev/null 2>&1); then
+    (cd "$work/kokkos" && patch -p1 -s < "$patch_file")
+  fi
+  # nvcc_wrapper's default -arch=sm_35 is rejected by CUDA 13: name the architecture.
+  cmake -S "$work/kokkos" -B "$work/build-kokkos" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_CXX_STANDARD=17 -DCMAKE_CXX_EXTENSIONS=OFF \
+    -DCMAKE_CXX_COMPILER="$work/kokkos/bin/nvcc_wrapper" -DCMAKE_CXX_FLAGS="-arch=sm_$(sm_of "$cuda_arch")" \
+    -DKokkos_ENABLE_SERIAL=ON -DKokkos_ENABLE_OPENMP=ON -DKokkos_ENABLE_CUDA=ON -DKokkos_ENABLE_CUDA_LAMBDA=ON \
+    -DKokkos_ARCH_"$cuda_arch"=ON -DBUILD_SHARED_LIBS=ON >&2
+  cmake --build "$work/build-kokkos" -j "$jobs" >&2
+  cmake --install "$work/build-kokkos" >&2
+  echo "cuda $cuda_arch" > "$prefix/.kpa-deps-complete"
   rm -rf "$work"
 }
 
 install_packages
+[ "$cuda" = 1 ] && [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
 if [ "${KPA_SKIP_KOKKOS:-0}" = 1 ]; then
   exit 0
-elif [ -f "$prefix/.kpa-deps-complete" ]; then
-  log "reusing Kokkos and Kokkos Kernels in $prefix"
+fi
+wanted=$([ "$cuda" = 1 ] && echo "cuda $cuda_arch" || echo host)
+if [ -f "$prefix/.kpa-deps-complete" ] && [ "$(cat "$prefix/.kpa-deps-complete")" = "$wanted" ]; then
+  log "reusing Kokkos in $prefix ($wanted)"
 else
-  build_kokkos
+  [ -f "$prefix/.kpa-deps-complete" ] && rm -rf "$prefix"  # a prefix of ours, for another configuration
+  fetch_sources
+  if [ "$cuda" = 1 ]; then build_cuda; else build_host; fi
 fi
 echo "$prefix"

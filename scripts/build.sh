@@ -1,24 +1,38 @@
 #!/usr/bin/env bash
-# Builds kpa (library, tests, benchmarks, examples) in BUILD_DIR (default <repo>/build), after
-# installing what it needs (scripts/bootstrap-deps.sh). Prints nothing but progress on stderr.
+# Builds kpa (library, tests, benchmarks, examples) in BUILD_DIR, after installing what it needs
+# (scripts/bootstrap-deps.sh). Prints nothing but progress on stderr.
 #
-#   scripts/build.sh [TARGET...]   all targets by default; Kokkos: $Kokkos_ROOT if set, else the
-#                                  project-local build
+#   scripts/build.sh [TARGET...]          host build in BUILD_DIR (default <repo>/build); Kokkos:
+#                                         $Kokkos_ROOT if set, else the project-local build
+#   scripts/build.sh --cuda [TARGET...]   CUDA build in BUILD_DIR (default <repo>/build-cuda)
+#                                         against the project-local CUDA Kokkos (KPA_CUDA_ARCH,
+#                                         default AMPERE80), compiled with its nvcc_wrapper
 #   Kokkos_ROOT=/opt/kokkos-cuda scripts/build.sh
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${BUILD_DIR:-$repo/build}
-
-if [ -n "${Kokkos_ROOT:-}" ]; then
+cuda=0
+if [ "${1:-}" = "--cuda" ]; then cuda=1; shift; fi
+jobs=${KPA_BUILD_JOBS:-$(nproc)}
+extra=()
+if [ "$cuda" = 1 ]; then
+  build=${BUILD_DIR:-$repo/build-cuda}
+  [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
+  kokkos=$("$repo/scripts/bootstrap-deps.sh" --cuda)
+  arch=${KPA_CUDA_ARCH:-AMPERE80}
+  # Kokkos' nvcc_wrapper defaults to sm_35, which CUDA 13 rejects: name the architecture.
+  extra+=(-DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_wrapper" -DCMAKE_CXX_FLAGS="-arch=sm_${arch//[!0-9]/}")
+elif [ -n "${Kokkos_ROOT:-}" ]; then
+  build=${BUILD_DIR:-$repo/build}
   kokkos=$Kokkos_ROOT
   KPA_SKIP_KOKKOS=1 "$repo/scripts/bootstrap-deps.sh" >/dev/null
 else
+  build=${BUILD_DIR:-$repo/build}
   kokkos=$("$repo/scripts/bootstrap-deps.sh")
 fi
 
 cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKokkos_ROOT="$kokkos" \
-  -DKokkosKernels_ROOT="$kokkos" -DCMAKE_INSTALL_PREFIX="$build/install" >&2
+  -DKokkosKernels_ROOT="$kokkos" -DCMAKE_INSTALL_PREFIX="$build/install" "${extra[@]}" >&2
 targets=()
 for target in "$@"; do targets+=(--target "$target"); done
-cmake --build "$build" -j "$(nproc)" "${targets[@]}" >&2
+cmake --build "$build" -j "$jobs" "${targets[@]}" >&2

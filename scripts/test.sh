@@ -1,11 +1,40 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds everything, and runs the whole suite
-# (unit tests on every enabled back end, header checks, and the installed-package consumer).
+# The test command: installs what is missing, builds everything and runs the whole suite.
+#   1. Host build (Kokkos Serial + OpenMP, <repo>/build): unit tests on both back ends, on the
+#      host and the device kernel paths; the attention tests again with the portable inner loops;
+#      every public header on its own; the C ABI from C and from Python; a kpa-bench smoke run;
+#      the installed package used by a separate project.
+#   2. Where nvcc is found (unless KPA_SKIP_CUDA=1), CUDA build (Kokkos Serial + OpenMP + CUDA for
+#      KPA_CUDA_ARCH, default AMPERE80, <repo>/build-cuda): every target compiled and linked, the
+#      unit-test binary and libkpa.so checked for machine code of that architecture, and the
+#      installed package built by a separate project. On a machine with an NVIDIA GPU the CUDA
+#      build's tests run too, on Kokkos::Cuda.
+# A second run reuses the dependency prefixes and the build folders.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+log() { printf '[kpa test] %s\n' "$*" >&2; }
+
 build=${BUILD_DIR:-$repo/build}
 BUILD_DIR=$build "$repo/scripts/build.sh"
-cd "$build"
 # OMP_PROC_BIND=false: tests share the cores with each other; two threads exercise team sizes > 1.
-OMP_NUM_THREADS=2 OMP_PROC_BIND=false ctest -j "$(nproc)" --output-on-failure
+(cd "$build" && OMP_NUM_THREADS=2 OMP_PROC_BIND=false ctest -j "$(nproc)" --output-on-failure)
+
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
+if [ "${KPA_SKIP_CUDA:-0}" = 1 ] || ! command -v nvcc >/dev/null; then
+  log "no nvcc (or KPA_SKIP_CUDA=1): CUDA build skipped"
+  exit 0
+fi
+cuda_build=${CUDA_BUILD_DIR:-$repo/build-cuda}
+arch=${KPA_CUDA_ARCH:-AMPERE80}
+log "CUDA build ($arch) in $cuda_build"
+BUILD_DIR=$cuda_build "$repo/scripts/build.sh" --cuda
+python3 "$repo/scripts/check_device_code.py" --arch "${arch//[!0-9]/}" "$cuda_build/unit_tests/kpa-unit-tests" \
+  "$cuda_build/perf_tests/kpa-bench" "$(readlink -f "$cuda_build/libkpa.so")"
+if nvidia-smi -L >/dev/null 2>&1; then
+  log "GPU found: running the CUDA build's tests"
+  (cd "$cuda_build" && OMP_NUM_THREADS=2 OMP_PROC_BIND=false ctest -j 2 --output-on-failure)
+else
+  log "no GPU here: the CUDA build is compiled, linked and checked; its tests need a GPU (scripts/gpu-check.sh)"
+  (cd "$cuda_build" && KPA_CONSUMER_BUILD_ONLY=1 ctest -R kpa.installed_package_consumer --output-on-failure)
+fi

@@ -1,3 +1,4 @@
+#include <kpa/detail/tile_config.hpp>
 #include <kpa/error.hpp>
 #include <kpa/launch_plan.hpp>
 
@@ -15,11 +16,21 @@ namespace {
 // Below this many tokens a partition's fixed costs (loading the query, the reduce kernel's
 // extra pass) outweigh the parallelism it adds.
 constexpr int kMinAutoPartitionTokens = 256;
-constexpr int kGpuThreadsPerTeam = 128;
-constexpr int kGpuMaxVectorLength = 32;
+// Tokens per chunk: the host path keeps a chunk's logits in L1; the device path amortises the
+// chunk's team reduction and barriers over more tokens.
+constexpr int kHostChunkTokens = 128;
+constexpr int kDeviceChunkTokens = 256;
+// Device path: a warp of lanes per team member, and about one team thread per head dimension
+// (so p.V gives every thread one output row), between two and eight warps a team.
+constexpr int kDeviceVectorLength = 32;
+constexpr int kDeviceMinTeamThreads = 64;
+constexpr int kDeviceMaxTeamThreads = 256;
 
-int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
-int round_up(long long a, long long b) { return static_cast<int>(ceil_div(a, b) * b); }
+long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+long long round_up(long long a, long long b) { return ceil_div(a, b) * b; }
+bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+[[noreturn]] void plan_error(const std::string& what) { throw Error("kpa::plan_launch: " + what); }
 
 int parse_positive(std::string_view text, std::string_view spec) {
   int value = 0;
@@ -31,18 +42,83 @@ int parse_positive(std::string_view text, std::string_view spec) {
   return value;
 }
 
-void require_positive(const char* what, int value) {
-  if (value <= 0) {
-    throw Error(std::string("kpa::plan_launch: ") + what + " must be positive, got " + std::to_string(value));
+void require_positive(const char* what, long long value) {
+  if (value <= 0) plan_error(std::string(what) + " must be positive, got " + std::to_string(value));
+}
+
+/// The heads per pass among `candidates` that reads a group's K/V the fewest times, and pads
+/// the fewest heads among those.
+template <std::size_t N>
+int heads_per_pass_for(int group, const int (&candidates)[N]) {
+  int best = candidates[0];
+  long long best_passes = ceil_div(group, best), best_padding = best_passes * best - group;
+  for (int h : candidates) {
+    const long long passes = ceil_div(group, h), padding = passes * h - group;
+    if (passes < best_passes || (passes == best_passes && padding < best_padding)) {
+      best = h;
+      best_passes = passes;
+      best_padding = padding;
+    }
   }
+  return best;
+}
+
+/// Tokens per partition for the automatic entry point: one partition when the (sequence,
+/// kv head) pairs already fill the league, else split sequences into partitions of at least
+/// kMinAutoPartitionTokens until they do. On GPUs the partition count is then chosen so the
+/// tiles fill whole waves of the league (no tail wave leaving most teams idle).
+int auto_partition_size(const DeviceProfile& profile, const ProblemShape& shape, long long league_bound) {
+  const long long sequence_tiles = static_cast<long long>(shape.num_seqs) * shape.num_kv_heads;
+  const long long sequence_tokens = round_up(std::max(shape.max_seq_len, 1), shape.block_size);
+  const long long min_tokens = round_up(kMinAutoPartitionTokens, shape.block_size);
+  if (sequence_tiles == 0 || sequence_tiles >= league_bound || sequence_tokens <= min_tokens) {
+    return static_cast<int>(sequence_tokens);
+  }
+  const long long max_parts = ceil_div(sequence_tokens, min_tokens);
+  const long long wanted = std::min(max_parts, ceil_div(league_bound, sequence_tiles));
+  auto partition_for = [&](long long parts) {
+    return std::max(min_tokens, round_up(ceil_div(sequence_tokens, parts), shape.block_size));
+  };
+  if (!profile.is_gpu) return static_cast<int>(partition_for(wanted));  // dynamic scheduling evens out tails
+  long long best_tokens = partition_for(wanted);
+  double best_efficiency = -1.0;
+  // Fewer partitions than `wanted` leave some teams idle in one wave; more may fill two waves.
+  for (long long parts = std::max(1LL, wanted / 2); parts <= std::min(max_parts, 2 * wanted); ++parts) {
+    const long long tokens = partition_for(parts);
+    const long long tiles = sequence_tiles * ceil_div(shape.max_seq_len, tokens);
+    const double efficiency = static_cast<double>(tiles) / (ceil_div(tiles, league_bound) * league_bound);
+    if (efficiency > best_efficiency + 1e-9) {
+      best_efficiency = efficiency;
+      best_tokens = tokens;
+    }
+  }
+  return static_cast<int>(best_tokens);
 }
 
 }  // namespace
 
-DeviceProfile DeviceProfile::bi_v100() { return DeviceProfile{"bi-v100", 16, 2, 5, true}; }
+DeviceProfile DeviceProfile::bi_v100() {
+  DeviceProfile profile;
+  profile.name = "bi-v100";
+  profile.sm_count = 16;
+  profile.sm_occupancy = 2;
+  profile.subscription_factor = 5;
+  profile.is_gpu = true;
+  return profile;
+}
 
 DeviceProfile DeviceProfile::host(int concurrency) {
-  return DeviceProfile{"host", std::max(1, concurrency), 1, 4, false};
+  DeviceProfile profile;
+  profile.name = "host";
+  profile.sm_count = std::max(1, concurrency);
+  profile.sm_occupancy = 1;
+  profile.subscription_factor = 4;
+  profile.limits.max_team_size = profile.sm_count;
+  profile.limits.max_vector_length = 1024;
+  profile.limits.max_team_threads = profile.sm_count * 1024;
+  profile.limits.max_scratch_level0_bytes = 32 * 1024;
+  profile.limits.host_path = true;
+  return profile;
 }
 
 DeviceProfile DeviceProfile::from_name(std::string_view spec) {
@@ -62,88 +138,129 @@ DeviceProfile DeviceProfile::from_name(std::string_view spec) {
     return profile;
   }
   if (fields.size() == 4 && !fields[0].empty()) {
-    return DeviceProfile{std::string(fields[0]), parse_positive(fields[1], spec), parse_positive(fields[2], spec),
-                         parse_positive(fields[3], spec), true};
+    DeviceProfile profile;
+    profile.name = std::string(fields[0]);
+    profile.sm_count = parse_positive(fields[1], spec);
+    profile.sm_occupancy = parse_positive(fields[2], spec);
+    profile.subscription_factor = parse_positive(fields[3], spec);
+    profile.is_gpu = true;
+    return profile;
   }
   throw Error("kpa::DeviceProfile::from_name: unknown device profile '" + std::string(spec) +
               "' (expected 'bi-v100', 'host:THREADS' or 'NAME:SM_COUNT:OCCUPANCY:SUBSCRIPTION')");
 }
 
 LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, const PlanOptions& options) {
-  if (shape.num_seqs < 0) require_positive("num_seqs", shape.num_seqs);
+  if (shape.num_seqs < 0) plan_error("num_seqs must not be negative, got " + std::to_string(shape.num_seqs));
   require_positive("num_heads", shape.num_heads);
   require_positive("num_kv_heads", shape.num_kv_heads);
   require_positive("head_size", shape.head_size);
   require_positive("block_size", shape.block_size);
-  require_positive("device profile max_blocks", profile.max_blocks());
-  if (shape.max_seq_len < 0) {
-    throw Error("kpa::plan_launch: max_seq_len must not be negative, got " + std::to_string(shape.max_seq_len));
-  }
+  require_positive("device profile max_blocks", static_cast<long long>(profile.sm_count) * profile.sm_occupancy *
+                                                    profile.subscription_factor);
+  if (profile.max_blocks() > std::numeric_limits<int>::max() / 2) plan_error("device profile max_blocks is too large");
+  if (shape.max_seq_len < 0) plan_error("max_seq_len must not be negative, got " + std::to_string(shape.max_seq_len));
   if (shape.num_heads % shape.num_kv_heads != 0) {
-    throw Error("kpa::plan_launch: num_heads (" + std::to_string(shape.num_heads) +
-                ") is not a multiple of num_kv_heads (" + std::to_string(shape.num_kv_heads) + ")");
+    plan_error("num_heads (" + std::to_string(shape.num_heads) + ") is not a multiple of num_kv_heads (" +
+               std::to_string(shape.num_kv_heads) + ")");
+  }
+  if (options.team_size < 0 || options.vector_length < 0 || options.league_size < 0 || options.partition_size < 0) {
+    plan_error("partition_size, team_size, vector_length and league_size overrides must not be negative");
   }
 
   LaunchPlan plan;
   plan.profile = profile.name;
-  const int max_blocks = profile.max_blocks();
-  const long long sequence_tiles = static_cast<long long>(shape.num_seqs) * shape.num_kv_heads;
-  const int sequence_tokens = round_up(std::max(shape.max_seq_len, 1), shape.block_size);
+  const BackEndLimits& limits = profile.limits;
+  const long long league_bound = options.league_size > 0 ? options.league_size : profile.max_blocks();
 
+  // Partitions.
   if (options.partition_size != 0) {
-    if (options.partition_size < 0 || options.partition_size % shape.block_size != 0) {
-      throw Error("kpa::plan_launch: partition_size " + std::to_string(options.partition_size) +
-                  " is not a positive multiple of block_size " + std::to_string(shape.block_size));
+    if (options.partition_size % shape.block_size != 0) {
+      plan_error("partition_size " + std::to_string(options.partition_size) + " is not a positive multiple of block_size " +
+                 std::to_string(shape.block_size));
     }
     plan.partition_size = options.partition_size;
-  } else if (sequence_tiles >= max_blocks) {
-    plan.partition_size = sequence_tokens;  // enough (sequence, kv head) pairs to fill the device
   } else {
-    const int wanted_partitions = ceil_div(max_blocks, std::max<long long>(sequence_tiles, 1));
-    const int min_tokens = round_up(kMinAutoPartitionTokens, shape.block_size);
-    plan.partition_size = std::min(sequence_tokens,
-                                   std::max(min_tokens, round_up(ceil_div(sequence_tokens, wanted_partitions),
-                                                                 shape.block_size)));
+    plan.partition_size = auto_partition_size(profile, shape, league_bound);
   }
-  plan.num_partitions = std::max(1, ceil_div(shape.max_seq_len, plan.partition_size));
-  plan.single_tile = plan.num_partitions == 1;
-  const long long tiles = sequence_tiles * plan.num_partitions;
+  plan.num_partitions = static_cast<int>(std::max(1LL, ceil_div(shape.max_seq_len, plan.partition_size)));
+  plan.single_partition = plan.num_partitions == 1;
+  const long long tiles = static_cast<long long>(shape.num_seqs) * shape.num_kv_heads * plan.num_partitions;
   if (tiles > std::numeric_limits<int>::max()) {
-    throw Error("kpa::plan_launch: " + std::to_string(tiles) + " tiles exceed the int range");
+    plan_error(std::to_string(tiles) + " tiles (num_seqs x num_kv_heads x partitions) exceed the int range");
   }
   plan.tiles = static_cast<int>(tiles);
-  const int league_bound = options.league_size > 0 ? options.league_size : max_blocks;
-  plan.league_size = std::min(plan.tiles, league_bound);
-  plan.tiles_per_team = plan.league_size > 0 ? ceil_div(plan.tiles, plan.league_size) : 0;
+  plan.league_size = static_cast<int>(std::min<long long>(plan.tiles, league_bound));
+  plan.tiles_per_team = plan.league_size > 0 ? static_cast<int>(ceil_div(plan.tiles, plan.league_size)) : 0;
+  plan.reduce_league_size =
+      static_cast<int>(std::min<long long>(static_cast<long long>(shape.num_seqs) * shape.num_heads, league_bound));
 
-  if (profile.is_gpu) {
-    // Vector lanes walk the slots of one block: with vLLM's key layout each lane then reads 16
-    // contiguous bytes and a warp's reads coalesce.
-    int lanes = 1;
-    while (lanes < shape.block_size && lanes < kGpuMaxVectorLength) lanes *= 2;
-    plan.vector_length = options.vector_length > 0 ? options.vector_length : lanes;
-    plan.team_size = options.team_size > 0 ? options.team_size
-                                            : std::max(1, kGpuThreadsPerTeam / plan.vector_length);
+  // Kernel path and team shape.
+  bool device_path = false;
+  switch (options.kernel_path) {
+    case PlanOptions::Path::Device: device_path = true; break;
+    case PlanOptions::Path::Host: device_path = false; break;
+    case PlanOptions::Path::Auto: device_path = limits.device_path && (profile.is_gpu || !limits.host_path); break;
+  }
+  if (device_path ? !limits.device_path : !limits.host_path) {
+    throw UnsupportedError(std::string("kpa::plan_launch: the ") + (device_path ? "device" : "host") +
+                           " kernel path is not compiled for this back end" +
+                           (device_path ? " (host back ends run it where KPA_ENABLE_DEVICE_PATH_ON_HOST is defined)" : ""));
+  }
+  plan.kernel_path = device_path ? KernelPath::Device : KernelPath::Host;
+  const int group = shape.num_heads / shape.num_kv_heads;
+  if (device_path) {
+    plan.vector_length = options.vector_length > 0 ? options.vector_length
+                                                   : std::min(kDeviceVectorLength, limits.max_vector_length);
+    const int threads = static_cast<int>(
+        std::clamp<long long>(round_up(shape.head_size, 32), kDeviceMinTeamThreads, kDeviceMaxTeamThreads));
+    plan.team_size = options.team_size > 0
+                         ? options.team_size
+                         : std::max(1, std::min({threads / plan.vector_length, limits.max_team_size,
+                                                 limits.max_team_threads / plan.vector_length}));
+    plan.heads_per_pass = heads_per_pass_for(group, detail::kDeviceHeadsPerPass);
+    plan.chunk_tokens = static_cast<int>(std::max<long long>(
+        shape.block_size, (kDeviceChunkTokens / shape.block_size) * static_cast<long long>(shape.block_size)));
   } else {
-    // One thread per team: decode attention streams the cache, and a core reads it fastest alone.
+    // One thread per team by default: decode attention streams the cache, and a core reads it fastest alone.
     plan.vector_length = options.vector_length > 0 ? options.vector_length : 1;
     plan.team_size = options.team_size > 0 ? options.team_size : 1;
+    plan.heads_per_pass = heads_per_pass_for(group, detail::kHostHeadsPerPass);
+    plan.chunk_tokens = static_cast<int>(std::max<long long>(
+        shape.block_size, (kHostChunkTokens / shape.block_size) * static_cast<long long>(shape.block_size)));
   }
-  if (options.team_size < 0 || options.vector_length < 0 || options.league_size < 0) {
-    throw Error("kpa::plan_launch: team_size, vector_length and league_size overrides must not be negative");
+  if (!is_power_of_two(plan.vector_length) || plan.vector_length > limits.max_vector_length) {
+    plan_error("vector_length " + std::to_string(plan.vector_length) + " is not a power of two up to " +
+               std::to_string(limits.max_vector_length));
   }
-  plan.reduce_league_size =
-      static_cast<int>(std::min<long long>(1LL * shape.num_seqs * shape.num_heads, league_bound));
+  if (plan.team_size > limits.max_team_size ||
+      static_cast<long long>(plan.team_size) * plan.vector_length > limits.max_team_threads) {
+    plan_error("team_size " + std::to_string(plan.team_size) + " x vector_length " +
+               std::to_string(plan.vector_length) + " exceeds the back end's limits (team_size <= " +
+               std::to_string(limits.max_team_size) + ", threads per team <= " +
+               std::to_string(limits.max_team_threads) + ")");
+  }
+
+  const detail::TileScratchLayout layout(plan.heads_per_pass, shape.head_size, plan.chunk_tokens, shape.block_size);
+  plan.scratch_bytes = layout.bytes();
+  plan.scratch_level = plan.scratch_bytes <= limits.max_scratch_level0_bytes ? 0 : 1;
+  plan.reduce_scratch_bytes = static_cast<std::size_t>(plan.num_partitions) * sizeof(float) + 128;
+  plan.reduce_scratch_level = plan.reduce_scratch_bytes <= limits.max_scratch_level0_bytes ? 0 : 1;
   return plan;
 }
 
+std::string_view to_string(KernelPath path) { return path == KernelPath::Device ? "device" : "host"; }
+
 std::ostream& operator<<(std::ostream& os, const LaunchPlan& plan) {
-  return os << "LaunchPlan{profile=" << plan.profile << " partition_size=" << plan.partition_size
-            << " num_partitions=" << plan.num_partitions << " tiles=" << plan.tiles
-            << " league_size=" << plan.league_size << " tiles_per_team=" << plan.tiles_per_team
-            << " team_size=" << plan.team_size << " vector_length=" << plan.vector_length
-            << " reduce_league_size=" << plan.reduce_league_size
-            << " single_tile=" << (plan.single_tile ? "yes" : "no") << "}";
+  return os << "LaunchPlan{profile=" << plan.profile << " kernel_path=" << to_string(plan.kernel_path)
+            << " partition_size=" << plan.partition_size << " num_partitions=" << plan.num_partitions
+            << " tiles=" << plan.tiles << " league_size=" << plan.league_size
+            << " tiles_per_team=" << plan.tiles_per_team << " team_size=" << plan.team_size
+            << " vector_length=" << plan.vector_length << " heads_per_pass=" << plan.heads_per_pass
+            << " chunk_tokens=" << plan.chunk_tokens << " scratch_bytes=" << plan.scratch_bytes
+            << " scratch_level=" << plan.scratch_level << " reduce_league_size=" << plan.reduce_league_size
+            << " reduce_scratch_bytes=" << plan.reduce_scratch_bytes
+            << " single_partition=" << (plan.single_partition ? "yes" : "no") << "}";
 }
 
 std::string to_string(const LaunchPlan& plan) {
@@ -155,7 +272,8 @@ std::string to_string(const LaunchPlan& plan) {
 std::ostream& operator<<(std::ostream& os, const DeviceProfile& profile) {
   return os << "DeviceProfile{name=" << profile.name << " sm_count=" << profile.sm_count
             << " sm_occupancy=" << profile.sm_occupancy << " subscription_factor=" << profile.subscription_factor
-            << " max_blocks=" << profile.max_blocks() << (profile.is_gpu ? " gpu" : " host") << "}";
+            << " max_blocks=" << profile.max_blocks() << (profile.is_gpu ? " gpu" : " host")
+            << (profile.occupancy_from_kernel ? " occupancy_from_kernel" : "") << "}";
 }
 
 }  // namespace kpa

@@ -6,6 +6,8 @@
 
 #include <kpa/kpa.hpp>
 
+#include <algorithm>
+#include <string>
 #include <vector>
 
 namespace kpa_test {
@@ -63,9 +65,36 @@ void run_version(Version version, DeviceProblem<T, Space, C>& d, int partition_s
   space.fence();
 }
 
-/// Builds the problem for `spec`, runs every version in `versions` and compares each with the
-/// reference. v2 uses `partition_size`; the automatic path uses it too when `auto_partition`
-/// is set, and the planner's choice otherwise.
+/// The plans every attention test runs on Space: the back end's default, and on host back ends
+/// built with KPA_ENABLE_DEVICE_PATH_ON_HOST also the device kernel path with several team
+/// members (OpenMP) and vector lanes, so the GPU-shaped code runs on every machine. `base`
+/// carries a test's own overrides.
+template <class Space>
+std::vector<kpa::PlanOptions> kernel_paths(const kpa::PlanOptions& base) {
+  std::vector<kpa::PlanOptions> paths{base};
+  if (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible && kpa::BackEndLimits::of(Space()).device_path) {
+    kpa::PlanOptions device = base;
+    device.kernel_path = kpa::PlanOptions::Path::Device;
+    if (device.team_size == 0) device.team_size = std::min<int>(2, static_cast<int>(Space().concurrency()));
+    if (device.vector_length == 0) device.vector_length = 4;
+    paths.push_back(device);
+  }
+  return paths;
+}
+
+inline std::string path_name(const kpa::PlanOptions& options) {
+  switch (options.kernel_path) {
+    case kpa::PlanOptions::Path::Host: return "host path";
+    case kpa::PlanOptions::Path::Device:
+      return "device path (team " + std::to_string(options.team_size) + " x vector " +
+             std::to_string(options.vector_length) + ")";
+    default: return "default path";
+  }
+}
+
+/// Builds the problem for `spec`, runs every version on every kernel path (kernel_paths) and
+/// compares each with the reference. v2 uses `partition_size`; the automatic path uses it too
+/// when `auto_partition` is set, and the planner's choice otherwise.
 template <class T, class Space, class C = T>
 void check_attention(const ProblemSpec& spec, int partition_size, const kpa::PlanOptions& options = {},
                      bool auto_partition = true) {
@@ -73,12 +102,14 @@ void check_attention(const ProblemSpec& spec, int partition_size, const kpa::Pla
   const std::vector<double> ref = reference_attention(p);
   DeviceProblem<T, Space, C> d(p);
   kpa::Workspace<Space> workspace;
-  for (Version version : kAllVersions) {
-    Kokkos::deep_copy(d.out, kpa::detail::from_float<T>(std::numeric_limits<float>::quiet_NaN()));
-    run_version(version, d, version == Version::Auto && !auto_partition ? 0 : partition_size, options, workspace, p);
-    expect_close_to_reference<T>(d.out, ref, std::string(version_name(version)) + " head_size " +
-                                                 std::to_string(spec.head_size) + " block_size " +
-                                                 std::to_string(spec.block_size));
+  for (const kpa::PlanOptions& path : kernel_paths<Space>(options)) {
+    for (Version version : kAllVersions) {
+      Kokkos::deep_copy(d.out, kpa::detail::from_float<T>(std::numeric_limits<float>::quiet_NaN()));
+      run_version(version, d, version == Version::Auto && !auto_partition ? 0 : partition_size, path, workspace, p);
+      expect_close_to_reference<T>(d.out, ref, std::string(version_name(version)) + ", " + path_name(path) +
+                                                   ", head_size " + std::to_string(spec.head_size) + " block_size " +
+                                                   std::to_string(spec.block_size));
+    }
   }
 }
 

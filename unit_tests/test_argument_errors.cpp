@@ -240,7 +240,7 @@ TYPED_TEST(ArgumentErrors, TeamSizeTheBackEndCannotRun) {
         kpa::paged_attention_v1(Space(), f.d.out, f.d.query, f.d.key_cache, f.d.value_cache, f.d.block_tables,
                                 f.d.seq_lens, 40, f.d.alibi, f.d.params, options);
       },
-      "team_size 4096 is outside [1, ");
+      "team_size 4096");
 }
 
 }  // namespace

@@ -113,19 +113,28 @@ template <class Space>
 class Fp8OnSpace : public ::testing::Test {};
 TYPED_TEST_SUITE(Fp8OnSpace, kpa_test::ExecutionSpaces);
 
-TYPED_TEST(Fp8OnSpace, ConversionsInKernelsMatchHost) {
-  using Space = TypeParam;
-  Kokkos::View<float* [2], typename Space::memory_space> decoded("decoded", 256);
-  Kokkos::View<std::uint8_t* [2], typename Space::memory_space> encoded("encoded", 256);
+inline float fp8_probe(int i) { return (i - 128) * 3.7f + 0.01f * i; }  // finite, both signs, past both maxima when scaled
+
+// Every fp8 code decoded, and probes encoded, in a kernel on Space.
+template <class Space>
+void convert_in_kernel(const Kokkos::View<float* [2], typename Space::memory_space>& decoded,
+                       const Kokkos::View<std::uint8_t* [2], typename Space::memory_space>& encoded) {
   Kokkos::parallel_for(
       "kpa_test::fp8", Kokkos::RangePolicy<Space>(0, 256), KOKKOS_LAMBDA(int i) {
         const auto code = static_cast<std::uint8_t>(i);
         decoded(i, 0) = kpa::to_float(kpa::fp8_e4m3{code});
         decoded(i, 1) = kpa::to_float(kpa::fp8_e5m2{code});
-        const float probe = (i - 128) * 3.7f + 0.01f * i;  // finite, both signs, past both maxima when scaled
+        const float probe = (i - 128) * 3.7f + 0.01f * i;  // fp8_probe(i), computed on the device
         encoded(i, 0) = kpa::to_fp8_e4m3(probe * 3.0f).bits;
         encoded(i, 1) = kpa::to_fp8_e5m2(probe * 300.0f).bits;
       });
+}
+
+TYPED_TEST(Fp8OnSpace, ConversionsInKernelsMatchHost) {
+  using Space = TypeParam;
+  Kokkos::View<float* [2], typename Space::memory_space> decoded("decoded", 256);
+  Kokkos::View<std::uint8_t* [2], typename Space::memory_space> encoded("encoded", 256);
+  convert_in_kernel<Space>(decoded, encoded);
   const auto d = kpa::detail::compat::host_copy(decoded);
   const auto e = kpa::detail::compat::host_copy(encoded);
   for (int i = 0; i < 256; ++i) {
@@ -138,7 +147,7 @@ TYPED_TEST(Fp8OnSpace, ConversionsInKernelsMatchHost) {
     std::memcpy(&a, &e5, 4);
     std::memcpy(&b, &d(i, 1), 4);
     EXPECT_EQ(a, b) << "e5m2 code " << i;
-    const float probe = (i - 128) * 3.7f + 0.01f * i;
+    const float probe = fp8_probe(i);
     EXPECT_EQ(e(i, 0), kpa::to_fp8_e4m3(probe * 3.0f).bits);
     EXPECT_EQ(e(i, 1), kpa::to_fp8_e5m2(probe * 300.0f).bits);
   }

@@ -1,4 +1,5 @@
-// The launch planner: GridEvenShare bound, even shares, the single-tile decision, profiles.
+// The launch planner: GridEvenShare bound, even shares, the single-partition decision, kernel
+// path and team shape, heads per pass, wave fill, scratch level, profiles.
 
 #include "test_spaces.hpp"
 
@@ -6,6 +7,7 @@
 
 #include <cstdlib>
 #include <set>
+#include <tuple>
 #include <sstream>
 
 namespace {
@@ -60,10 +62,14 @@ TEST(LaunchPlan, BiV100LeagueNeverExceeds160AndSharesAreEven) {
           SCOPED_TRACE(kpa::to_string(plan));
           EXPECT_LE(plan.league_size, 160);
           EXPECT_LE(plan.reduce_league_size, 160);
-          EXPECT_EQ(plan.tiles, num_seqs * kv_heads * plan.num_partitions);
-          EXPECT_EQ(plan.league_size, std::min(plan.tiles, 160));
           EXPECT_GE(plan.num_partitions * plan.partition_size, max_seq_len);
+          EXPECT_LT((plan.num_partitions - 1) * plan.partition_size, std::max(max_seq_len, 1));
           EXPECT_EQ(plan.partition_size % 16, 0);
+          if (partition > 0) {  // recomputed from the shape alone
+            const int partitions = std::max(1, (max_seq_len + partition - 1) / partition);
+            EXPECT_EQ(plan.tiles, num_seqs * kv_heads * partitions);
+            EXPECT_EQ(plan.league_size, std::min(num_seqs * kv_heads * partitions, 160));
+          }
           if (plan.tiles == 0) continue;
           std::vector<int> owner(plan.tiles, -1);
           int smallest = plan.tiles, largest = 0;
@@ -86,37 +92,107 @@ TEST(LaunchPlan, BiV100LeagueNeverExceeds160AndSharesAreEven) {
   }
 }
 
-TEST(LaunchPlan, SingleTileExactlyWhenEverySequenceFitsOnePartition) {
+TEST(LaunchPlan, SinglePartitionExactlyWhenEverySequenceFitsOnePartition) {
   const auto profile = kpa::DeviceProfile::bi_v100();
   for (int max_seq_len : {1, 511, 512, 513, 1024, 1025}) {
     kpa::PlanOptions options;
     options.partition_size = 512;
     const auto plan = kpa::plan_launch(profile, shape(4, 32, 8, max_seq_len), options);
-    EXPECT_EQ(plan.single_tile, max_seq_len <= 512) << max_seq_len;
-    EXPECT_EQ(plan.single_tile, plan.num_partitions == 1);
+    EXPECT_EQ(plan.single_partition, max_seq_len <= 512) << max_seq_len;
+    EXPECT_EQ(plan.single_partition, plan.num_partitions == 1);
   }
   // Automatic partitioning: enough (sequence, kv head) pairs to fill 160 teams means one
   // partition per sequence, however long.
-  EXPECT_TRUE(kpa::plan_launch(profile, shape(32, 32, 8, 4096)).single_tile);
-  EXPECT_TRUE(kpa::plan_launch(profile, shape(20, 64, 8, 131072)).single_tile);
+  EXPECT_TRUE(kpa::plan_launch(profile, shape(32, 32, 8, 4096)).single_partition);
+  EXPECT_TRUE(kpa::plan_launch(profile, shape(20, 64, 8, 131072)).single_partition);
   // Too few pairs: split sequences so the league fills the device.
   const auto long_context = kpa::plan_launch(profile, shape(1, 24, 4, 100000));
-  EXPECT_FALSE(long_context.single_tile);
+  EXPECT_FALSE(long_context.single_partition);
   EXPECT_EQ(long_context.league_size, 160);
   EXPECT_GE(long_context.tiles, 160);
-  // Short sequences stay single-tile even with few of them.
-  EXPECT_TRUE(kpa::plan_launch(profile, shape(2, 8, 2, 200)).single_tile);
+  // Short sequences stay in one partition even with few of them.
+  EXPECT_TRUE(kpa::plan_launch(profile, shape(2, 8, 2, 200)).single_partition);
 }
 
 TEST(LaunchPlan, HostProfileUsesOneThreadPerTeam) {
   const auto plan = kpa::plan_launch(kpa::DeviceProfile::host(2), shape(32, 32, 8, 4096));
+  EXPECT_EQ(plan.kernel_path, kpa::KernelPath::Host);
   EXPECT_EQ(plan.team_size, 1);
   EXPECT_EQ(plan.vector_length, 1);
   EXPECT_EQ(plan.league_size, 8);
-  EXPECT_TRUE(plan.single_tile);
-  const auto gpu = kpa::plan_launch(kpa::DeviceProfile::bi_v100(), shape(32, 32, 8, 4096, 16));
-  EXPECT_EQ(gpu.vector_length, 16);
-  EXPECT_EQ(gpu.team_size * gpu.vector_length, 128);
+  EXPECT_EQ(plan.chunk_tokens, 128);
+  EXPECT_TRUE(plan.single_partition);
+}
+
+// GPU profiles run the device path: a warp of lanes per team member and about one team thread
+// per head dimension (two to eight warps).
+TEST(LaunchPlan, GpuProfilesRunTheDevicePathWithAThreadPerDimension) {
+  const auto profile = kpa::DeviceProfile::bi_v100();
+  for (auto [head_size, threads] : {std::pair{32, 64}, {64, 64}, {80, 96}, {128, 128}, {192, 192}, {256, 256}}) {
+    const auto plan = kpa::plan_launch(profile, shape(32, 32, 8, 4096, 16, head_size));
+    EXPECT_EQ(plan.kernel_path, kpa::KernelPath::Device) << head_size;
+    EXPECT_EQ(plan.vector_length, 32) << head_size;
+    EXPECT_EQ(plan.team_size * plan.vector_length, threads) << head_size;
+    EXPECT_EQ(plan.chunk_tokens, 256) << head_size;
+    EXPECT_EQ(plan.scratch_level, 0) << head_size;
+  }
+  EXPECT_EQ(kpa::plan_launch(profile, shape(1, 8, 8, 100, 512)).chunk_tokens, 512);  // one block a chunk
+}
+
+// Heads per pass: the fewest passes over K/V (each pass reads them once), then the least padding,
+// among the values each path is compiled for.
+TEST(LaunchPlan, HeadsPerPassReadsKvTheFewestTimes) {
+  const auto host = kpa::DeviceProfile::host(2);
+  const auto gpu = kpa::DeviceProfile::bi_v100();
+  for (auto [group, host_heads, device_heads] : {std::tuple{1, 1, 1}, {2, 2, 2}, {3, 4, 4}, {4, 4, 4}, {5, 6, 8},
+                                                 {6, 6, 8}, {7, 8, 8}, {8, 8, 8}, {12, 6, 8}, {16, 8, 8}, {24, 8, 8}}) {
+    EXPECT_EQ(kpa::plan_launch(host, shape(1, group * 2, 2, 100)).heads_per_pass, host_heads) << group;
+    EXPECT_EQ(kpa::plan_launch(gpu, shape(1, group * 2, 2, 100)).heads_per_pass, device_heads) << group;
+  }
+}
+
+/// The share of a league's wave slots the tiles fill.
+double wave_efficiency(const kpa::LaunchPlan& plan, int league) {
+  const int waves = (plan.tiles + league - 1) / league;
+  return static_cast<double>(plan.tiles) / (static_cast<double>(waves) * league);
+}
+
+// On a GPU, automatic partitions fill whole waves of the league: never a worse fill than
+// splitting sequences just enough to reach the league, and at least 90% where tiles are plenty.
+TEST(LaunchPlan, GpuPartitionsFillWholeWaves) {
+  const auto profile = kpa::DeviceProfile::from_name("gpu:132:10:1");  // 1320 resident teams
+  ASSERT_EQ(profile.max_blocks(), 1320);
+  for (int num_seqs : {1, 2, 3, 5, 6, 7, 11}) {
+    for (int kv_heads : {1, 2, 8}) {
+      for (int max_seq_len : {4096, 8192, 32768, 131072}) {
+        const auto s = shape(num_seqs, 4 * kv_heads, kv_heads, max_seq_len);
+        const auto plan = kpa::plan_launch(profile, s);
+        SCOPED_TRACE(kpa::to_string(plan));
+        // The fill a plan without the wave rule would get: just enough partitions for 1320 tiles.
+        const int sequence_tiles = num_seqs * kv_heads;
+        const int max_parts = (max_seq_len + 255) / 256;
+        const int parts = std::min(max_parts, (1320 + sequence_tiles - 1) / sequence_tiles);
+        const int tokens = std::max(256, ((max_seq_len + parts - 1) / parts + 15) / 16 * 16);
+        kpa::LaunchPlan naive;
+        naive.tiles = sequence_tiles * ((max_seq_len + tokens - 1) / tokens);
+        EXPECT_GE(wave_efficiency(plan, 1320) + 1e-9, wave_efficiency(naive, 1320));
+        EXPECT_GE(plan.partition_size, 256);
+        if (sequence_tiles * max_parts >= 2 * 1320) {
+          EXPECT_GE(wave_efficiency(plan, 1320), 0.9);
+        }
+      }
+    }
+  }
+}
+
+TEST(LaunchPlan, ScratchBeyondLevelZeroGoesToLevelOne) {
+  auto profile = kpa::DeviceProfile::bi_v100();
+  const auto fits = kpa::plan_launch(profile, shape(4, 32, 4, 1000, 16, 256));
+  EXPECT_EQ(fits.scratch_level, 0);
+  // q and o for 8 heads of 256 floats, 8 x 256 probabilities, block states and ids: 40 KiB is enough.
+  EXPECT_GT(fits.scratch_bytes, 8u * 256 * 4 * 3);
+  profile.limits.max_scratch_level0_bytes = fits.scratch_bytes - 1;
+  EXPECT_EQ(kpa::plan_launch(profile, shape(4, 32, 4, 1000, 16, 256)).scratch_level, 1);
 }
 
 TEST(LaunchPlan, OverridesAndBadShapes) {
@@ -130,6 +206,23 @@ TEST(LaunchPlan, OverridesAndBadShapes) {
   EXPECT_EQ(plan.vector_length, 4);
   EXPECT_EQ(plan.league_size, 7);
   EXPECT_EQ(plan.tiles_per_team, (plan.tiles + 6) / 7);
+
+  options = {};
+  options.team_size = 2000;  // beyond the profile's 1024 threads per team
+  EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 8, 100), options), kpa::Error);
+  options = {};
+  options.vector_length = 3;  // not a power of two
+  EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 8, 100), options), kpa::Error);
+  options = {};
+  options.kernel_path = kpa::PlanOptions::Path::Host;  // a GPU back end has no host path
+  EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 8, 100), options), kpa::UnsupportedError);
+  auto on_a_host = profile;
+  on_a_host.limits.host_path = true;
+  EXPECT_EQ(kpa::plan_launch(on_a_host, shape(1, 8, 8, 100), options).kernel_path, kpa::KernelPath::Host);
+  on_a_host.limits.device_path = false;  // a host back end compiled without the device path
+  EXPECT_EQ(kpa::plan_launch(on_a_host, shape(1, 8, 8, 100)).kernel_path, kpa::KernelPath::Host);
+  options.kernel_path = kpa::PlanOptions::Path::Device;
+  EXPECT_THROW(kpa::plan_launch(on_a_host, shape(1, 8, 8, 100), options), kpa::UnsupportedError);
 
   options = {};
   options.partition_size = 24;  // not a multiple of 16
@@ -148,7 +241,7 @@ TEST(LaunchPlan, PrintsTheDeviceProfile) {
 TEST(LaunchPlan, PrintsEveryField) {
   const auto text = kpa::to_string(kpa::plan_launch(kpa::DeviceProfile::bi_v100(), shape(1, 24, 4, 100000)));
   for (const char* field : {"profile=bi-v100", "partition_size=", "num_partitions=", "league_size=160",
-                            "tiles_per_team=", "team_size=", "vector_length=", "single_tile=no"}) {
+                            "tiles_per_team=", "team_size=", "vector_length=", "single_partition=no"}) {
     EXPECT_NE(text.find(field), std::string::npos) << field << " missing in " << text;
   }
 }
@@ -162,8 +255,23 @@ TYPED_TEST(LaunchPlanOnSpace, DetectsTheBackEndAndHonoursTheEnvironment) {
   const Space space;
   ::unsetenv("KPA_DEVICE_PROFILE");
   const auto detected = kpa::DeviceProfile::detect(space);
-  EXPECT_NE(detected.name.find(Space::name()), std::string::npos) << detected;
-  EXPECT_EQ(detected.sm_count, space.concurrency());
+  const auto limits = kpa::BackEndLimits::of(space);
+  EXPECT_EQ(detected.limits.max_team_size, limits.max_team_size);
+  EXPECT_EQ(detected.limits.max_vector_length, Kokkos::TeamPolicy<Space>::vector_length_max());
+  if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+    EXPECT_NE(detected.name.find(Space::name()), std::string::npos) << detected;
+    EXPECT_EQ(detected.sm_count, space.concurrency());
+    EXPECT_EQ(limits.max_team_size, space.concurrency());
+    EXPECT_FALSE(detected.is_gpu);
+    EXPECT_FALSE(detected.occupancy_from_kernel);
+    EXPECT_EQ(kpa::plan_launch(space, shape(1, 24, 4, 100000)).kernel_path, kpa::KernelPath::Host);
+  } else {
+    EXPECT_GT(detected.sm_count, 0) << detected;
+    EXPECT_TRUE(detected.is_gpu);
+    EXPECT_TRUE(detected.occupancy_from_kernel);
+    EXPECT_EQ(detected.subscription_factor, 1);
+    EXPECT_EQ(kpa::plan_launch(space, shape(1, 24, 4, 100000)).kernel_path, kpa::KernelPath::Device);
+  }
 
   ::setenv("KPA_DEVICE_PROFILE", "bi-v100", 1);
   const auto forced = kpa::DeviceProfile::detect(space);
@@ -172,8 +280,25 @@ TYPED_TEST(LaunchPlanOnSpace, DetectsTheBackEndAndHonoursTheEnvironment) {
   EXPECT_EQ(forced.max_blocks(), 160);
   EXPECT_EQ(plan.profile, "bi-v100");
   EXPECT_EQ(plan.league_size, 160);
-  // Run on a host back end, the team shape is clamped to what it can run.
-  EXPECT_LE(plan.team_size, static_cast<int>(space.concurrency()));
+  EXPECT_EQ(plan.kernel_path, limits.device_path ? kpa::KernelPath::Device : kpa::KernelPath::Host);
+  // The limits stay the back end's: on a host back end the team shape fits its threads.
+  EXPECT_EQ(forced.limits.max_team_size, limits.max_team_size);
+  EXPECT_LE(plan.team_size, limits.max_team_size);
+}
+
+// Every heads-per-pass value the planner may choose has a kernel instantiation.
+TEST(LaunchPlan, EveryPlannableHeadsPerPassHasAKernel) {
+  for (int heads : kpa::detail::kHostHeadsPerPass) {
+    int called = 0;
+    kpa::detail::with_host_heads_per_pass(heads, [&](auto h) { called = decltype(h)::value; });
+    EXPECT_EQ(called, heads);
+  }
+  for (int heads : kpa::detail::kDeviceHeadsPerPass) {
+    int called = 0;
+    kpa::detail::with_device_heads_per_pass(heads, [&](auto h) { called = decltype(h)::value; });
+    EXPECT_EQ(called, heads);
+  }
+  EXPECT_THROW(kpa::detail::with_device_heads_per_pass(6, [](auto) {}), kpa::Error);
 }
 
 }  // namespace

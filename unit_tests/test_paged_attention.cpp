@@ -188,7 +188,7 @@ TYPED_TEST(PagedAttention, RepeatedCallsAreBitwiseIdenticalAndReuseTheWorkspace)
     std::vector<float> now(host.data(), host.data() + host.size());
     if (call == 0) {
       first = now;
-      EXPECT_FALSE(workspace.last_plan().single_tile);
+      EXPECT_FALSE(workspace.last_plan().single_partition);
     } else {
       EXPECT_EQ(std::memcmp(first.data(), now.data(), now.size() * sizeof(float)), 0) << "call " << call;
     }

@@ -3,6 +3,7 @@
 #include "test_spaces.hpp"
 
 #include <kpa/detail/softmax_state.hpp>
+#include <kpa/launch_plan.hpp>
 
 #include <cmath>
 #include <random>
@@ -58,46 +59,136 @@ template <class Space>
 class SoftmaxReducerOnSpace : public ::testing::Test {};
 TYPED_TEST_SUITE(SoftmaxReducerOnSpace, kpa_test::ExecutionSpaces);
 
+/// One team reduction per team over `states` (rows of (max, sum)) with SoftmaxReducer; the
+/// result of each of the `teams` teams in its row of the returned view.
+template <class Space>
+Kokkos::View<float* [2], typename Space::memory_space> team_reduce_states(
+    const Kokkos::View<float* [2], typename Space::memory_space>& states, int teams, int team_size) {
+  using Policy = Kokkos::TeamPolicy<Space>;
+  const int n = static_cast<int>(states.extent(0));
+  Kokkos::View<float* [2], typename Space::memory_space> result("result", teams);
+  Kokkos::parallel_for(
+      "kpa_test::softmax_reduce", Policy(teams, team_size), KOKKOS_LAMBDA(const typename Policy::member_type& member) {
+        SoftmaxState total;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, n),
+            [&](int i, SoftmaxState& state) { state.merge(SoftmaxState{states(i, 0), states(i, 1)}); },
+            kpa::detail::SoftmaxReducer<Space>(total));
+        Kokkos::single(Kokkos::PerTeam(member), [&]() {
+          result(member.league_rank(), 0) = total.max_logit;
+          result(member.league_rank(), 1) = total.exp_sum;
+        });
+      });
+  return result;
+}
+
+/// The same with SoftmaxStates<3> over TeamVectorRange (the device kernel path's reduction):
+/// head g of item i is row (3 * i + g) % n of `states`.
+template <class Space>
+Kokkos::View<float* [2], typename Space::memory_space> team_vector_reduce_heads(
+    const Kokkos::View<float* [2], typename Space::memory_space>& states, int team_size, int vector_length) {
+  using Policy = Kokkos::TeamPolicy<Space>;
+  using States = kpa::detail::SoftmaxStates<3>;
+  const int n = static_cast<int>(states.extent(0));
+  Kokkos::View<float* [2], typename Space::memory_space> result("result", 3);
+  Kokkos::parallel_for(
+      "kpa_test::softmax_reduce_heads", Policy(1, team_size, vector_length),
+      KOKKOS_LAMBDA(const typename Policy::member_type& member) {
+        States total;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamVectorRange(member, n),
+            [&](int i, States& state) {
+              for (int g = 0; g < 3; ++g) {
+                const int row = (3 * i + g) % n;
+                state.head[g].merge(SoftmaxState{states(row, 0), states(row, 1)});
+              }
+            },
+            kpa::detail::SoftmaxReducer<Space, States>(total));
+        Kokkos::single(Kokkos::PerTeam(member), [&]() {
+          for (int g = 0; g < 3; ++g) {
+            result(g, 0) = total.head[g].max_logit;
+            result(g, 1) = total.head[g].exp_sum;
+          }
+        });
+      });
+  return result;
+}
+
+struct RandomStates {
+  std::vector<SoftmaxState> states;
+  explicit RandomStates(int n) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> logit(0.0f, 5.0f);
+    std::uniform_real_distribution<float> sum(1.0f, 10.0f);
+    for (int i = 0; i < n; ++i) {
+      const bool empty = i % 7 == 3;
+      states.push_back(empty ? SoftmaxState{} : SoftmaxState{logit(rng), sum(rng)});
+    }
+  }
+  template <class Space>
+  Kokkos::View<float* [2], typename Space::memory_space> on() const {
+    Kokkos::View<float* [2], typename Space::memory_space> view("states", states.size());
+    auto host = Kokkos::create_mirror_view(view);
+    for (std::size_t i = 0; i < states.size(); ++i) {
+      host(i, 0) = states[i].max_logit;
+      host(i, 1) = states[i].exp_sum;
+    }
+    Kokkos::deep_copy(view, host);
+    return view;
+  }
+};
+
 // A team-level parallel_reduce with the reducer, at every team size the back end allows,
 // equals a sequential merge of the same states.
 TYPED_TEST(SoftmaxReducerOnSpace, TeamReduceEqualsSequentialMerge) {
   using Space = TypeParam;
-  using Policy = Kokkos::TeamPolicy<Space>;
-  const int n = 1000;
-  Kokkos::View<float* [2], typename Space::memory_space> states("states", n);
-  auto host_states = Kokkos::create_mirror_view(states);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> logit(0.0f, 5.0f);
-  std::uniform_real_distribution<float> sum(1.0f, 10.0f);
+  const RandomStates random(1000);
   SoftmaxState expected;
-  for (int i = 0; i < n; ++i) {
-    const bool empty = i % 7 == 3;
-    host_states(i, 0) = empty ? -HUGE_VALF : logit(rng);
-    host_states(i, 1) = empty ? 0.0f : sum(rng);
-    expected.merge(SoftmaxState{host_states(i, 0), host_states(i, 1)});
-  }
-  Kokkos::deep_copy(states, host_states);
-  const int max_team = std::min<int>(Space().concurrency(), 4);
+  for (const SoftmaxState& state : random.states) expected.merge(state);
+  const auto states = random.on<Space>();
+  const int max_team = std::min<int>(kpa::BackEndLimits::of(Space()).max_team_size, 4);
   for (int team_size = 1; team_size <= max_team; ++team_size) {
-    Kokkos::View<float* [2], typename Space::memory_space> result("result", 3);
-    Kokkos::parallel_for(
-        "kpa_test::softmax_reduce", Policy(3, team_size), KOKKOS_LAMBDA(const typename Policy::member_type& member) {
-          SoftmaxState total;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(member, n),
-              [&](int i, SoftmaxState& state) { state.merge(SoftmaxState{states(i, 0), states(i, 1)}); },
-              kpa::detail::SoftmaxReducer<Space>(total));
-          Kokkos::single(Kokkos::PerTeam(member), [&]() {
-            result(member.league_rank(), 0) = total.max_logit;
-            result(member.league_rank(), 1) = total.exp_sum;
-          });
-        });
-    const auto host = kpa::detail::compat::host_copy(result);
+    const auto host = kpa::detail::compat::host_copy(team_reduce_states<Space>(states, 3, team_size));
     for (int t = 0; t < 3; ++t) {
       EXPECT_EQ(host(t, 0), expected.max_logit) << "team_size " << team_size;
       EXPECT_NEAR(host(t, 1), expected.exp_sum, 1e-5 * expected.exp_sum) << "team_size " << team_size;
     }
   }
+}
+
+// SoftmaxStates<H> through a TeamVectorRange reduction (several team members and lanes) equals
+// merging each head's states in sequence.
+TYPED_TEST(SoftmaxReducerOnSpace, TeamVectorReduceOfSeveralHeads) {
+  using Space = TypeParam;
+  const int n = 301;
+  const RandomStates random(n);
+  const auto states = random.on<Space>();
+  const int team_size = std::min<int>(kpa::BackEndLimits::of(Space()).max_team_size, 2);
+  for (int vector_length : {1, 4}) {
+    const auto host = kpa::detail::compat::host_copy(team_vector_reduce_heads<Space>(states, team_size, vector_length));
+    for (int g = 0; g < 3; ++g) {
+      SoftmaxState expected;
+      for (int i = 0; i < n; ++i) expected.merge(random.states[(3 * i + g) % n]);
+      EXPECT_EQ(host(g, 0), expected.max_logit) << "head " << g << " vector_length " << vector_length;
+      EXPECT_NEAR(host(g, 1), expected.exp_sum, 1e-5 * expected.exp_sum) << "head " << g;
+    }
+  }
+}
+
+// add(): one logit at a time equals the merge of one-token states; -inf is no token.
+TEST(SoftmaxState, AddingLogitsEqualsMergingOneTokenStates) {
+  SoftmaxState added, merged;
+  for (float logit : {0.5f, -3.0f, 7.25f, -HUGE_VALF, 7.0f, 12.0f, -1.0f}) {
+    added.add(logit);
+    merged.merge(logit == -HUGE_VALF ? SoftmaxState{} : SoftmaxState{logit, 1.0f});
+  }
+  EXPECT_EQ(added.max_logit, 12.0f);
+  EXPECT_FLOAT_EQ(added.max_logit, merged.max_logit);
+  EXPECT_NEAR(added.exp_sum, merged.exp_sum, 1e-6 * merged.exp_sum);
+  SoftmaxState empty;
+  empty.add(-HUGE_VALF);
+  EXPECT_EQ(empty.exp_sum, 0.0f);
+  EXPECT_EQ(empty.max_logit, -HUGE_VALF);
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 #pragma once
-// Launch planning: how many teams of what shape run a paged-attention call, and whether the
-// sequence is split into partitions. The league is bounded by CUB's GridEvenShare rule
-// (sm_occupancy x sm_count x subscription_factor resident teams) and every team takes an even,
-// contiguous share of the tiles, a tile being one (sequence, kv head, partition).
+// Launch planning: how a paged-attention call is mapped onto a device. Every choice of the
+// launch (kernel path, partition size, league, team and vector sizes, heads per pass, chunk,
+// scratch level) is made here, by one pure function of the device, the back end's limits and
+// the problem's shape. The league is bounded by CUB's GridEvenShare rule (resident teams x
+// subscription factor) and every team takes an even, contiguous share of the tiles, a tile
+// being one (sequence, kv head, partition).
 
 #include <kpa/detail/kokkos_compat.hpp>
 
+#include <cstddef>
 #include <cstdlib>
 #include <iosfwd>
 #include <string>
@@ -13,15 +16,35 @@
 
 namespace kpa {
 
+/// What an execution space can run; the planner never asks for more.
+struct BackEndLimits {
+  int max_team_size = 1024;      ///< team members (threads; GPU: threadIdx.y)
+  int max_vector_length = 32;    ///< vector lanes per team member (GPU: threadIdx.x)
+  int max_team_threads = 1024;   ///< team_size x vector_length (GPU: threads per block)
+  std::size_t max_scratch_level0_bytes = 40 * 1024;  ///< fast team scratch (GPU shared memory)
+  bool host_path = false;   ///< the back end runs KernelPath::Host (host back ends)
+  bool device_path = true;  ///< the back end runs KernelPath::Device (device back ends; host back
+                            ///< ends where KPA_ENABLE_DEVICE_PATH_ON_HOST is defined)
+
+  /// The limits of `space`'s back end (host back ends: one team member per thread).
+  template <class Space>
+  static BackEndLimits of(const Space& space);
+};
+
 /// What the planner knows about a device.
 struct DeviceProfile {
   std::string name;
   int sm_count = 1;             ///< streaming multiprocessors (GPU) or threads (host)
   int sm_occupancy = 1;         ///< resident teams per SM
   int subscription_factor = 1;  ///< teams per resident slot (CUB's default is 5)
-  bool is_gpu = false;          ///< GPU profiles spread a team over vector lanes
+  bool is_gpu = false;          ///< GPU profiles run the device kernel path
+  /// detect() sets this for a real GPU: sm_occupancy is then replaced, at launch, by the resident
+  /// teams per SM the CUDA occupancy calculator gives for the attention kernel that will run.
+  bool occupancy_from_kernel = false;
+  BackEndLimits limits;  ///< of the back end the plan runs on (detect() fills them in)
 
-  int max_blocks() const { return sm_count * sm_occupancy * subscription_factor; }
+  int resident_teams() const { return sm_count * sm_occupancy; }
+  int max_blocks() const { return resident_teams() * subscription_factor; }
 
   /// The seed design's Iluvatar BI-V100 profile: 16 SMs x occupancy 2 x subscription 5 = 160.
   static DeviceProfile bi_v100();
@@ -32,9 +55,10 @@ struct DeviceProfile {
   /// Throws kpa::Error for anything else.
   static DeviceProfile from_name(std::string_view spec);
 
-  /// The profile of the device behind `space`. The environment variable KPA_DEVICE_PROFILE,
-  /// when set, overrides detection with from_name(its value), so a CPU run can plan as the
-  /// BI-V100 for inspection.
+  /// The profile of the device behind `space`, with the back end's limits. A GPU's properties
+  /// are read once per device and cached. The environment variable KPA_DEVICE_PROFILE, when
+  /// set, replaces the device part with from_name(its value) (the limits stay the back end's),
+  /// so a CPU run can plan as the BI-V100 for inspection.
   template <class Space>
   static DeviceProfile detect(const Space& space);
 };
@@ -49,50 +73,100 @@ struct ProblemShape {
   int max_seq_len = 0;
 };
 
-/// Caller overrides; 0 leaves the choice to the planner.
+/// How a team computes a tile.
+enum class KernelPath {
+  /// CPU-shaped: team members take whole cache blocks and run register-blocked inner loops over
+  /// a block's slots (the x86 specialisations where the compiler targets them).
+  Host,
+  /// GPU-shaped: each lane takes one token for q.k (16-byte key loads, no cross-lane sums) and
+  /// one head dimension for p.V (16-byte value loads); the chunk's softmax state is one team
+  /// reduction over all heads of the pass.
+  Device,
+};
+
+/// Caller overrides; 0 (or Auto) leaves the choice to the planner. The automatic kernel path is
+/// the device path on GPU profiles and the host path otherwise, among the paths the back end has.
 struct PlanOptions {
+  enum class Path { Auto, Host, Device };
   int partition_size = 0;  ///< tokens per partition, a multiple of block_size
   int team_size = 0;
   int vector_length = 0;
   int league_size = 0;  ///< still capped by the number of tiles
+  Path kernel_path = Path::Auto;
 };
 
 struct LaunchPlan {
-  std::string profile;     ///< name of the DeviceProfile planned for
-  int partition_size = 0;  ///< tokens per partition (a multiple of block_size)
-  int num_partitions = 0;  ///< ceil(max_seq_len / partition_size), at least 1
-  int tiles = 0;           ///< num_seqs x num_kv_heads x num_partitions
-  int league_size = 0;     ///< min(tiles, max_blocks): teams of the attention kernel
-  int tiles_per_team = 0;  ///< ceil(tiles / league_size): a team's even share
+  std::string profile;                   ///< name of the DeviceProfile planned for
+  KernelPath kernel_path = KernelPath::Host;
+  int partition_size = 0;                ///< tokens per partition (a multiple of block_size)
+  int num_partitions = 0;                ///< ceil(max_seq_len / partition_size), at least 1
+  int tiles = 0;                         ///< num_seqs x num_kv_heads x num_partitions
+  int league_size = 0;                   ///< min(tiles, max_blocks): teams of the attention kernel
+  int tiles_per_team = 0;                ///< ceil(tiles / league_size): a team's even share
   int team_size = 0;
   int vector_length = 0;
-  int reduce_league_size = 0;  ///< teams of the partition reduce (not launched when single_tile)
-  bool single_tile = false;    ///< every sequence fits one partition: one kernel, no temporaries
+  int heads_per_pass = 0;                ///< query heads computed per pass over a tile's K/V
+  int chunk_tokens = 0;                  ///< tokens whose logits sit in team scratch at once
+  std::size_t scratch_bytes = 0;         ///< team scratch of the attention kernel
+  int scratch_level = 0;                 ///< 0 (fast, e.g. GPU shared memory) or 1
+  int reduce_league_size = 0;            ///< teams of the partition reduce (not launched when single_partition)
+  std::size_t reduce_scratch_bytes = 0;  ///< team scratch of the reduce (a float per partition)
+  int reduce_scratch_level = 0;
+  /// Every sequence fits one partition (the seed design's single-tile fast path): one kernel
+  /// writes the output, no partition temporaries, no reduce.
+  bool single_partition = false;
 };
 
 /// Plans a call. Throws kpa::Error for a shape no kernel can run (non-positive sizes,
-/// a partition size that is not a multiple of the block size, ...).
+/// a partition size that is not a multiple of the block size, ...) and for overrides beyond the
+/// profile's limits.
 LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape,
                        const PlanOptions& options = {});
 
 std::ostream& operator<<(std::ostream& os, const LaunchPlan& plan);
 std::string to_string(const LaunchPlan& plan);
 std::ostream& operator<<(std::ostream& os, const DeviceProfile& profile);
+std::string_view to_string(KernelPath path);
+
+template <class Space>
+BackEndLimits BackEndLimits::of(const Space& space) {
+  using policy = Kokkos::TeamPolicy<Space>;
+  BackEndLimits limits;
+  limits.max_vector_length = policy::vector_length_max();
+  limits.max_scratch_level0_bytes = static_cast<std::size_t>(policy::scratch_size_max(0));
+  if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+    limits.max_team_size = static_cast<int>(space.concurrency());
+    limits.max_team_threads = limits.max_team_size * limits.max_vector_length;
+    limits.host_path = true;
+#ifdef KPA_ENABLE_DEVICE_PATH_ON_HOST
+    limits.device_path = true;
+#else
+    limits.device_path = false;
+#endif
+  } else {
+    limits.max_team_threads = detail::compat::device_max_threads_per_team(space);
+    limits.max_team_size = limits.max_team_threads;
+  }
+  return limits;
+}
 
 template <class Space>
 DeviceProfile DeviceProfile::detect(const Space& space) {
+  DeviceProfile profile;
   if (const char* forced = std::getenv("KPA_DEVICE_PROFILE"); forced != nullptr && *forced != '\0') {
-    return from_name(forced);
-  }
-  const int sm_count = detail::compat::device_sm_count(space);
-  if (sm_count == 0) {
-    DeviceProfile profile = host(space.concurrency());
+    profile = from_name(forced);
+  } else if (const int sm_count = detail::compat::device_sm_count(space); sm_count == 0) {
+    profile = host(space.concurrency());
     profile.name = std::string("host:") + Space::name() + ":" + std::to_string(space.concurrency());
-    return profile;
+  } else {
+    profile.name = detail::compat::device_name(space);
+    profile.sm_count = sm_count;
+    profile.sm_occupancy = 1;          // replaced by the kernel's measured occupancy at launch
+    profile.subscription_factor = 1;   // resident teams walk their shares: no second wave
+    profile.is_gpu = true;
+    profile.occupancy_from_kernel = true;
   }
-  DeviceProfile profile = bi_v100();  // occupancy and subscription of the seed design
-  profile.name = detail::compat::device_name(space);
-  profile.sm_count = sm_count;
+  profile.limits = BackEndLimits::of(space);
   return profile;
 }
 

@@ -2,6 +2,10 @@
 // baselines a user would otherwise write, in one run. See `kpa-bench --help`.
 
 #include "baselines.hpp"
+#include "fill_random.hpp"
+#ifdef KPA_BENCH_DENSE_BASELINE
+#include "dense_baseline.hpp"
+#endif
 #include "machine_limits.hpp"
 #include "reference.hpp"
 
@@ -247,23 +251,10 @@ class Bench {
     params_.check_indices = false;  // the tables are built valid below; time the kernels
     if (params_.kv_cache_dtype != kpa::KVCacheDType::Auto) params_.k_scale = params_.v_scale = 1.0f / 128;
 
-    // Random contents from a counter-based hash of (seed, index): reproducible, filled in parallel.
-    const auto k = key_cache_, v = value_cache_;
-    const auto q = query_;
-    const std::uint64_t mix = seed * 0x9E3779B97F4A7C15ull;
-    const kpa::KVCacheDType kv = params_.kv_cache_dtype;
-    Kokkos::parallel_for(
-        "kpa_bench::fill", Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(0, k.size()),
-        KOKKOS_LAMBDA(std::int64_t i) {
-          auto hash = [&](std::uint64_t z) {
-            z = (z + mix) * 0xBF58476D1CE4E5B9ull;
-            z ^= z >> 31;
-            return static_cast<float>(z >> 40) / 8388608.0f - 1.0f;  // [-1, 1)
-          };
-          k.data()[i] = kpa::detail::to_cache_element<C>(kpa::detail::from_float<T>(hash(2 * i)), kv, 1.0f / 128);
-          v.data()[i] = kpa::detail::to_cache_element<C>(kpa::detail::from_float<T>(hash(2 * i + 1)), kv, 1.0f / 128);
-          if (i < static_cast<std::int64_t>(q.size())) q.data()[i] = kpa::detail::from_float<T>(hash(~i));
-        });
+    kpa::detail::with_cache_storage<C>(params_.kv_cache_dtype, [&](auto storage) {
+      using S = typename decltype(storage)::type;
+      fill_random<S>(Space(), key_cache_, value_cache_, query_, seed, params_.k_scale);
+    });
     std::vector<int> order(num_blocks);
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
@@ -312,7 +303,7 @@ class Bench {
     const kpa::LaunchPlan p = w_.version == "auto" ? workspace_.last_plan() : kpa::plan_launch(Space(), shape, options);
     std::ostringstream os;
     os << "P" << p.partition_size << "x" << p.num_partitions << " L" << p.league_size << " T" << p.team_size
-       << (p.single_tile ? " single" : "");
+       << (p.single_partition ? " single" : "");
     return os.str();
   }
 
@@ -351,35 +342,24 @@ class Bench {
     if (o.check) r.max_abs_err = check_sample();
     if (o.baselines) {
       const int iters = o.baseline_iters;
-      with_storage([&](auto* storage) {
-        using S = std::remove_pointer_t<decltype(storage)>;
+      kpa::detail::with_cache_storage<C>(params_.kv_cache_dtype, [&](auto storage) {
+        using S = typename decltype(storage)::type;
         r.naive_us = time_us(0, iters, [&] {
           naive_attention<Space, S>(Space(), baseline_out_, query_, key_cache_, value_cache_, block_tables_, seq_lens_,
                                     params_);
         })[iters / 2];
+#ifdef KPA_BENCH_DENSE_BASELINE
         DenseAttention<Space, S> dense;
         r.dense_us = time_us(1, iters, [&] {
           dense(Space(), baseline_out_, query_, key_cache_, value_cache_, block_tables_, seq_lens_, params_);
         })[iters / 2];
+#endif
       });
     }
     return r;
   }
 
  private:
-  template <class F>
-  void with_storage(F&& f) {
-    if constexpr (std::is_same_v<C, std::uint8_t>) {
-      if (params_.kv_cache_dtype == kpa::KVCacheDType::Fp8E5M2) {
-        f(static_cast<kpa::fp8_e5m2*>(nullptr));
-      } else {
-        f(static_cast<kpa::fp8_e4m3*>(nullptr));
-      }
-    } else {
-      f(static_cast<T*>(nullptr));
-    }
-  }
-
   /// Max |kpa - float64 reference| over 16 sampled (sequence, head) pairs, with the tests'
   /// reference (unit_tests/reference.hpp) run on the sampled sequences as the cache holds them.
   double check_sample() {
@@ -394,8 +374,8 @@ class Bench {
     std::vector<std::pair<int, int>> samples;  // (sequence, head)
     for (int i = 0; i < 16; ++i) samples.emplace_back(rng() % w_.batch_size, rng() % w_.num_query_heads);
     double worst = 0.0;
-    with_storage([&](auto* storage) {
-      using S = std::remove_pointer_t<decltype(storage)>;
+    kpa::detail::with_cache_storage<C>(params_.kv_cache_dtype, [&](auto storage) {
+      using S = typename decltype(storage)::type;
       for (const auto& [s, h] : samples) {
         // A one-sequence problem holding sequence s, its blocks renumbered 0, 1, ...
         kpa_test::HostProblem p;

@@ -5,6 +5,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -34,7 +35,11 @@ KOKKOS_INLINE_FUNCTION float fma(float a, float b, float c) {
 #if KOKKOS_VERSION >= 30700
   return Kokkos::fma(a, b, c);
 #else
-  return std::fma(a, b, c);  // Kokkos 3.4 builds here are host-only (CUDA 13 needs Kokkos 4.7+)
+#if defined(__CUDA_ARCH__)
+  return fmaf(a, b, c);  // Kokkos 3.4 has no fma of its own
+#else
+  return std::fma(a, b, c);
+#endif
 #endif
 }
 
@@ -82,17 +87,45 @@ std::string device_name(const Space&) {
   return Space::name();
 }
 
-#ifdef KOKKOS_ENABLE_CUDA
-inline int device_sm_count(const Kokkos::Cuda& space) {
-  cudaDeviceProp prop{};
-  return cudaGetDeviceProperties(&prop, space.cuda_device()) == cudaSuccess ? prop.multiProcessorCount
-                                                                             : 0;
+/// Threads one team (GPU block) may have on the device behind `space`.
+template <class Space>
+int device_max_threads_per_team(const Space&) {
+  return 1024;
 }
 
-inline std::string device_name(const Kokkos::Cuda& space) {
-  cudaDeviceProp prop{};
-  return cudaGetDeviceProperties(&prop, space.cuda_device()) == cudaSuccess ? std::string(prop.name)
-                                                                             : std::string("Cuda");
+/// Resident teams per SM of `Functor` launched with `policy` (team_size x vector_length threads and
+/// `scratch_bytes` of level-0 team scratch), from the CUDA occupancy calculator: the kernel's
+/// registers, its shared memory and the SM's limits. 0 where no device answers (host back ends).
+template <class Functor, class Policy, class Space>
+int resident_teams_per_sm(const Space&, const Policy&, std::size_t) {
+  return 0;
+}
+
+#ifdef KOKKOS_ENABLE_CUDA
+// Kokkos caches each instance's device properties: nothing here queries the driver per call.
+inline int device_sm_count(const Kokkos::Cuda& space) { return space.cuda_device_prop().multiProcessorCount; }
+
+inline std::string device_name(const Kokkos::Cuda& space) { return space.cuda_device_prop().name; }
+
+inline int device_max_threads_per_team(const Kokkos::Cuda& space) {
+  return space.cuda_device_prop().maxThreadsPerBlock;
+}
+
+template <class Functor, class Policy>
+int resident_teams_per_sm(const Kokkos::Cuda&, const Policy& policy, std::size_t scratch_bytes) {
+  // The kernel Kokkos launches for a team parallel_for (the same type in Kokkos 3.4 to 4.x).
+  using driver = Kokkos::Impl::ParallelFor<Functor, Policy, Kokkos::Cuda>;
+  using launch = Kokkos::Impl::CudaParallelLaunch<driver, typename Policy::traits::launch_bounds>;
+  const int threads = policy.team_size() * policy.impl_vector_length();
+  // Kokkos adds a few doubles per team member of its own shared memory (team broadcasts).
+  const std::size_t shared = scratch_bytes + sizeof(double) * (policy.team_size() + 2);
+  int teams = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&teams, launch::get_kernel_func(), threads, shared) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();  // clear the error: the caller falls back to its own estimate
+    return 0;
+  }
+  return teams;
 }
 #endif
 

@@ -40,6 +40,18 @@ struct SoftmaxState {
     return w;
   }
 
+  /// Folds one logit into the state with one exp. -inf (masked) leaves it unchanged; NaN
+  /// makes the sum NaN, so corrupt data shows in the output instead of vanishing.
+  KOKKOS_INLINE_FUNCTION void add(float logit) {
+    if (logit == -compat::infinity()) return;
+    if (logit > max_logit) {
+      exp_sum = exp_sum * compat::exp(max_logit - logit) + 1.0f;
+      max_logit = logit;
+    } else {
+      exp_sum += compat::exp(logit - max_logit);
+    }
+  }
+
   /// Weight of a partial result (m, s) whose o is normalised (o / s) in the merged whole:
   /// s * exp(m - M) / S. This is how the v2 reduce combines per-partition outputs.
   KOKKOS_INLINE_FUNCTION float share_of(const SoftmaxState& part) const {
@@ -48,11 +60,23 @@ struct SoftmaxState {
   }
 };
 
-/// Kokkos reducer over SoftmaxState whose join is SoftmaxState::merge.
-template <class Space>
+/// The states of the query heads of one pass, merged head by head: a chunk's state for all of
+/// them comes out of one team reduction.
+template <int H>
+struct SoftmaxStates {
+  SoftmaxState head[H];
+
+  KOKKOS_INLINE_FUNCTION void merge(const SoftmaxStates& other) {
+    for (int g = 0; g < H; ++g) head[g].merge(other.head[g]);
+  }
+};
+
+/// Kokkos reducer whose join is the merge of State (SoftmaxState, or SoftmaxStates<H> for the
+/// heads of a pass).
+template <class Space, class State = SoftmaxState>
 struct SoftmaxReducer {
   using reducer = SoftmaxReducer;
-  using value_type = SoftmaxState;
+  using value_type = State;
   using result_view_type = Kokkos::View<value_type, Space, Kokkos::MemoryUnmanaged>;
 
  private:
@@ -64,17 +88,12 @@ struct SoftmaxReducer {
   KOKKOS_INLINE_FUNCTION void join(value_type& dest, const value_type& src) const { dest.merge(src); }
 
 #if KOKKOS_VERSION < 30700
-  // Kokkos before 3.7 only finds a volatile join in some reductions.
+  // Kokkos before 3.7 only finds a volatile join in some reductions. The states are plain
+  // floats, so a copy through the non-volatile type is exact.
   KOKKOS_INLINE_FUNCTION void join(volatile value_type& dest, const volatile value_type& src) const {
-    value_type merged;
-    merged.max_logit = dest.max_logit;
-    merged.exp_sum = dest.exp_sum;
-    value_type other;
-    other.max_logit = src.max_logit;
-    other.exp_sum = src.exp_sum;
-    merged.merge(other);
-    dest.max_logit = merged.max_logit;
-    dest.exp_sum = merged.exp_sum;
+    value_type merged = const_cast<const value_type&>(dest);
+    merged.merge(const_cast<const value_type&>(src));
+    const_cast<value_type&>(dest) = merged;
   }
 #endif
 

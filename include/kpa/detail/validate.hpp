@@ -1,6 +1,10 @@
 #pragma once
-// Argument checks shared by every paged-attention entry point: one path, one message style
-// ("<call>: <argument> <what is wrong>, got <value>").
+// Every argument check of kpa's operations: one path, one message style
+// ("<call>: <argument> <what is wrong>, got <value>"). Checks of sizes run on the host from the
+// views' extents; checks of indices held in views (seq_lens, block tables, slot and block
+// mappings) run as a kernel on the call's execution space, so the tables are never copied to
+// the host: only the position of the first bad entry comes back (one small device-to-host copy,
+// which waits for the space).
 
 #include <kpa/attention_params.hpp>
 #include <kpa/error.hpp>
@@ -8,6 +12,7 @@
 #include <kpa/numeric_types.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -30,8 +35,16 @@ std::string extents_of(const View& view) {
   return text + "]";
 }
 
-inline bool is_supported_head_size(int head_size, int x) {
-  return head_size > 0 && head_size <= 256 && head_size % x == 0;
+inline constexpr int kMaxHeadSize = 256;
+
+/// Every view extent kpa indexes with int must fit one.
+template <class View>
+void check_int_extents(const char* call, const char* name, const View& view) {
+  for (unsigned r = 0; r < View::rank; ++r) {
+    if (view.extent(r) > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+      fail(call, name, " extents ", extents_of(view), " exceed the int range");
+    }
+  }
 }
 
 /// Static checks on the view types of an attention call.
@@ -69,9 +82,60 @@ constexpr void check_view_types() {
                 "every view must be accessible from the execution space");
 }
 
+/// A cache element type and kv_cache_dtype that belong together, and positive fp8 scales.
+template <class CacheT>
+void check_cache_format(const char* call, KVCacheDType kv_cache_dtype, float k_scale, float v_scale) {
+  constexpr bool byte_cache = std::is_same_v<CacheT, std::uint8_t>;
+  if (byte_cache != (kv_cache_dtype != KVCacheDType::Auto)) {
+    fail(call, "kv_cache_dtype ", to_string(kv_cache_dtype), " does not match a ", sizeof(CacheT),
+         "-byte cache element (fp8 caches are std::uint8_t views, \"auto\" caches have the activation type)");
+  }
+  if (byte_cache && !(k_scale > 0.0f && v_scale > 0.0f)) {
+    fail(call, "fp8 scales must be positive, got k_scale ", k_scale, " and v_scale ", v_scale);
+  }
+}
+
+struct CacheExtents {
+  int num_blocks = 0;
+  int block_size = 0;
+};
+
+/// The key and value caches of `num_kv_heads` heads of `head_size`, in vLLM's layouts:
+/// key [num_blocks, num_kv_heads, head_size/x, block_size, x], value [num_blocks, num_kv_heads,
+/// head_size, block_size], x = 16 / element size.
+template <class KeyCacheView, class ValueCacheView>
+CacheExtents check_cache_extents(const char* call, const KeyCacheView& key_cache, const ValueCacheView& value_cache,
+                                 int num_kv_heads, int head_size) {
+  constexpr int x = static_cast<int>(16 / sizeof(typename KeyCacheView::non_const_value_type));
+  check_int_extents(call, "key_cache", key_cache);
+  check_int_extents(call, "value_cache", value_cache);
+  if (head_size <= 0 || head_size % x != 0) {
+    fail<UnsupportedError>(call, "head_size ", head_size, " is not supported (need a positive multiple of x = ", x, ")");
+  }
+  const CacheExtents extents{static_cast<int>(key_cache.extent(0)), static_cast<int>(key_cache.extent(3))};
+  if (extents.block_size <= 0) fail(call, "block_size (key_cache.extent(3)) must be positive, got ", extents.block_size);
+  if (static_cast<int>(key_cache.extent(1)) != num_kv_heads || static_cast<int>(key_cache.extent(4)) != x ||
+      static_cast<int>(key_cache.extent(2)) * x != head_size) {
+    fail(call, "key_cache extents ", extents_of(key_cache), " do not match [num_blocks, num_kv_heads = ", num_kv_heads,
+         ", head_size/x = ", head_size / x, ", block_size, x = ", x, "]");
+  }
+  if (value_cache.extent(0) != key_cache.extent(0) || static_cast<int>(value_cache.extent(1)) != num_kv_heads ||
+      static_cast<int>(value_cache.extent(2)) != head_size ||
+      static_cast<int>(value_cache.extent(3)) != extents.block_size) {
+    fail(call, "value_cache extents ", extents_of(value_cache), " do not match [", extents.num_blocks, ", ",
+         num_kv_heads, ", ", head_size, ", ", extents.block_size, "]");
+  }
+  return extents;
+}
+
+/// The device kernel path reads the caches in aligned 16-byte vectors.
+inline void check_aligned_caches(const char* call, const void* key_cache, const void* value_cache) {
+  if (reinterpret_cast<std::uintptr_t>(key_cache) % 16 != 0 || reinterpret_cast<std::uintptr_t>(value_cache) % 16 != 0) {
+    fail(call, "key_cache and value_cache must start on 16-byte boundaries for the device kernel path");
+  }
+}
+
 /// Checks extents, relations and parameters of an attention call; returns its shape.
-/// With params.check_indices it also reads seq_lens and block_tables (copying them to the
-/// host when they live on a device) and checks every entry the kernels will follow.
 template <class OutView, class QueryView, class KeyCacheView, class ValueCacheView, class BlockTableView,
           class SeqLenView, class AlibiView>
 ProblemShape check_attention_args(const char* call, const OutView& out, const QueryView& query,
@@ -79,55 +143,28 @@ ProblemShape check_attention_args(const char* call, const OutView& out, const Qu
                                   const BlockTableView& block_tables, const SeqLenView& seq_lens, int max_seq_len,
                                   const AlibiView& alibi_slopes, const AttentionParams& params) {
   using CacheT = typename KeyCacheView::non_const_value_type;
-  const bool byte_cache = std::is_same_v<CacheT, std::uint8_t>;
-  if (byte_cache != (params.kv_cache_dtype != KVCacheDType::Auto)) {
-    fail(call, "kv_cache_dtype ", to_string(params.kv_cache_dtype), " does not match a ", sizeof(CacheT),
-         "-byte cache element (fp8 caches are std::uint8_t views, \"auto\" caches have the query type)");
-  }
-  if (byte_cache && !(params.k_scale > 0.0f && params.v_scale > 0.0f)) {
-    fail(call, "fp8 scales must be positive, got k_scale ", params.k_scale, " and v_scale ", params.v_scale);
-  }
-  const BlockSparse& sparse = params.block_sparse;
-  if (sparse.vert_stride > 1) {
-    if (sparse.block_size <= 0 || sparse.block_size % static_cast<int>(key_cache.extent(3)) != 0) {
-      fail(call, "block_sparse.block_size ", sparse.block_size, " is not a positive multiple of block_size ",
-           key_cache.extent(3));
-    }
-    if (sparse.local_blocks < 0) fail(call, "block_sparse.local_blocks must not be negative, got ", sparse.local_blocks);
-    if (params.tp_rank < 0) fail(call, "tp_rank must not be negative, got ", params.tp_rank);
+  constexpr int x = static_cast<int>(16 / sizeof(CacheT));
+  check_cache_format<CacheT>(call, params.kv_cache_dtype, params.k_scale, params.v_scale);
+  check_int_extents(call, "query", query);
+  check_int_extents(call, "out", out);
+  check_int_extents(call, "block_tables", block_tables);
+  if (out.extent(0) != query.extent(0) || out.extent(1) != query.extent(1) || out.extent(2) != query.extent(2)) {
+    fail(call, "out extents ", extents_of(out), " differ from query extents ", extents_of(query));
   }
   ProblemShape shape;
   shape.num_seqs = static_cast<int>(query.extent(0));
   shape.num_heads = static_cast<int>(query.extent(1));
   shape.head_size = static_cast<int>(query.extent(2));
   shape.num_kv_heads = static_cast<int>(key_cache.extent(1));
-  shape.block_size = static_cast<int>(key_cache.extent(3));
   shape.max_seq_len = max_seq_len;
-  const int x = static_cast<int>(16 / sizeof(CacheT));
-  const int num_blocks = static_cast<int>(key_cache.extent(0));
-
-  if (out.extent(0) != query.extent(0) || out.extent(1) != query.extent(1) || out.extent(2) != query.extent(2)) {
-    fail(call, "out extents ", extents_of(out), " differ from query extents ", extents_of(query));
-  }
-  if (!is_supported_head_size(shape.head_size, x)) {
+  if (shape.head_size <= 0 || shape.head_size > kMaxHeadSize || shape.head_size % x != 0) {
     fail<UnsupportedError>(call, "head_size ", shape.head_size, " is not supported (need a multiple of x = ", x,
-         " between ", x, " and 256)");
-  }
-  if (static_cast<int>(key_cache.extent(4)) != x ||
-      static_cast<int>(key_cache.extent(2)) * x != shape.head_size) {
-    fail(call, "key_cache extents ", extents_of(key_cache), " do not match [num_blocks, num_kv_heads, head_size/x = ",
-         shape.head_size / x, ", block_size, x = ", x, "]");
+                           " between ", x, " and ", kMaxHeadSize, ")");
   }
   if (shape.num_kv_heads <= 0 || shape.num_heads % shape.num_kv_heads != 0) {
     fail(call, "num_heads ", shape.num_heads, " is not a multiple of num_kv_heads ", shape.num_kv_heads);
   }
-  if (shape.block_size <= 0) fail(call, "block_size must be positive, got ", shape.block_size);
-  if (value_cache.extent(0) != key_cache.extent(0) || value_cache.extent(1) != key_cache.extent(1) ||
-      static_cast<int>(value_cache.extent(2)) != shape.head_size ||
-      static_cast<int>(value_cache.extent(3)) != shape.block_size) {
-    fail(call, "value_cache extents ", extents_of(value_cache), " do not match [", num_blocks, ", ",
-         shape.num_kv_heads, ", ", shape.head_size, ", ", shape.block_size, "]");
-  }
+  shape.block_size = check_cache_extents(call, key_cache, value_cache, shape.num_kv_heads, shape.head_size).block_size;
   if (block_tables.extent(0) != query.extent(0)) {
     fail(call, "block_tables has ", block_tables.extent(0), " rows, expected num_seqs = ", shape.num_seqs);
   }
@@ -138,27 +175,14 @@ ProblemShape check_attention_args(const char* call, const OutView& out, const Qu
     fail(call, "alibi_slopes has ", alibi_slopes.extent(0), " entries, expected 0 or num_heads = ", shape.num_heads);
   }
   if (max_seq_len < 0) fail(call, "max_seq_len must not be negative, got ", max_seq_len);
-  const long long table_tokens = static_cast<long long>(block_tables.extent(1)) * shape.block_size;
-
-  if (params.check_indices && shape.num_seqs > 0) {
-    const auto lens = compat::host_copy(seq_lens);
-    const auto table = compat::host_copy(block_tables);
-    for (int s = 0; s < shape.num_seqs; ++s) {
-      const int len = lens(s);
-      if (len < 0) fail(call, "seq_lens[", s, "] = ", len, " is negative");
-      if (len > max_seq_len) fail(call, "seq_lens[", s, "] = ", len, " exceeds max_seq_len = ", max_seq_len);
-      if (len > table_tokens) {
-        fail(call, "seq_lens[", s, "] = ", len, " needs more blocks than block_tables has columns (",
-             block_tables.extent(1), " x block_size ", shape.block_size, ")");
-      }
-      const int used_blocks = (len + shape.block_size - 1) / shape.block_size;
-      for (int b = 0; b < used_blocks; ++b) {
-        const int block = table(s, b);
-        if (block < 0 || block >= num_blocks) {
-          fail(call, "block_tables[", s, "][", b, "] = ", block, " is outside [0, num_blocks = ", num_blocks, ")");
-        }
-      }
+  const BlockSparse& sparse = params.block_sparse;
+  if (sparse.vert_stride > 1) {
+    if (sparse.block_size <= 0 || sparse.block_size % shape.block_size != 0) {
+      fail(call, "block_sparse.block_size ", sparse.block_size, " is not a positive multiple of block_size ",
+           shape.block_size);
     }
+    if (sparse.local_blocks < 0) fail(call, "block_sparse.local_blocks must not be negative, got ", sparse.local_blocks);
+    if (params.tp_rank < 0) fail(call, "tp_rank must not be negative, got ", params.tp_rank);
   }
   return shape;
 }
@@ -170,8 +194,9 @@ void check_partition_args(const char* call, const ProblemShape& shape, int parti
   if (partition_size <= 0 || partition_size % shape.block_size != 0) {
     fail(call, "partition_size ", partition_size, " is not a positive multiple of block_size ", shape.block_size);
   }
-  const int needed = (shape.max_seq_len + partition_size - 1) / partition_size;
+  const long long needed = (static_cast<long long>(shape.max_seq_len) + partition_size - 1) / partition_size;
   const auto partitions = exp_sums.extent(2);
+  check_int_extents(call, "tmp_out", tmp_out);
   if (static_cast<int>(exp_sums.extent(0)) != shape.num_seqs || static_cast<int>(exp_sums.extent(1)) != shape.num_heads) {
     fail(call, "exp_sums extents ", extents_of(exp_sums), " do not match [num_seqs = ", shape.num_seqs,
          ", num_heads = ", shape.num_heads, ", max_num_partitions]");
@@ -185,9 +210,145 @@ void check_partition_args(const char* call, const ProblemShape& shape, int parti
     fail(call, "tmp_out extents ", extents_of(tmp_out), " do not match [", shape.num_seqs, ", ", shape.num_heads,
          ", ", partitions, ", head_size = ", shape.head_size, "]");
   }
-  if (static_cast<int>(partitions) < needed) {
+  if (static_cast<long long>(partitions) < needed) {
     fail(call, "max_num_partitions (exp_sums.extent(2)) = ", partitions, " is less than ceil(max_seq_len ",
          shape.max_seq_len, " / partition_size ", partition_size, ") = ", needed);
+  }
+}
+
+// ---- Index checks, as kernels on the call's execution space ----
+
+/// Min-reduces check(i) >= 0 (a failure code) over i; -1 codes are good entries.
+template <class Check>
+struct FirstFailure {
+  Check check;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t& first) const {
+    const std::int64_t code = check(i);
+    if (code >= 0 && code < first) first = code;
+  }
+};
+
+/// The smallest failure code check(i) gives over [0, n), or -1 when every entry is good.
+template <class Space, class Check>
+std::int64_t first_failure(const char* label, const Space& space, std::int64_t n, const Check& check) {
+  constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+  std::int64_t first = none;
+  if (n > 0) {
+    Kokkos::parallel_reduce(label, Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(space, 0, n),
+                            FirstFailure<Check>{check}, Kokkos::Min<std::int64_t>(first));
+  }
+  return first == none ? -1 : first;
+}
+
+/// Element `index` of a rank-1 or rank-2 view, read on the host (error messages only).
+template <class View, class... Index>
+auto element_on_host(const View& view, Index... index) {
+  using value_type = typename View::non_const_value_type;
+  Kokkos::View<value_type, Kokkos::HostSpace> element("kpa::element");
+  Kokkos::deep_copy(element, Kokkos::subview(view, index...));
+  return element();
+}
+
+/// Sequence s of a batch: its length (< 0, > max_seq_len, beyond the table) or one of the block
+/// ids it uses (outside [0, num_blocks)). Code s * (columns + 1) for the length, + 1 + b for
+/// column b, so the smallest code is the first bad entry in row order.
+template <class BlockTableView, class SeqLenView>
+struct SequenceIndexCheck {
+  BlockTableView block_tables;
+  SeqLenView seq_lens;
+  int max_seq_len;
+  int num_blocks;
+  int block_size;
+  std::int64_t columns;
+
+  KOKKOS_INLINE_FUNCTION std::int64_t operator()(std::int64_t s) const {
+    const std::int64_t row = s * (columns + 1);
+    const std::int64_t len = seq_lens(s);
+    if (len < 0 || len > max_seq_len || len > columns * block_size) return row;
+    const std::int64_t used = (len + block_size - 1) / block_size;
+    for (std::int64_t b = 0; b < used; ++b) {
+      const int block = block_tables(s, b);
+      if (block < 0 || block >= num_blocks) return row + 1 + b;
+    }
+    return -1;
+  }
+};
+
+/// Every entry of seq_lens and of block_tables the kernels will follow; throws kpa::Error
+/// naming the first bad one.
+template <class Space, class BlockTableView, class SeqLenView>
+void check_sequence_indices(const char* call, const Space& space, const BlockTableView& block_tables,
+                            const SeqLenView& seq_lens, const ProblemShape& shape, int num_blocks) {
+  const auto columns = static_cast<std::int64_t>(block_tables.extent(1));
+  const SequenceIndexCheck<BlockTableView, SeqLenView> check{block_tables,   seq_lens,         shape.max_seq_len,
+                                                             num_blocks,     shape.block_size, columns};
+  const std::int64_t first = first_failure("kpa::check_indices", space, shape.num_seqs, check);
+  if (first < 0) return;
+  const std::int64_t s = first / (columns + 1), column = first % (columns + 1) - 1;
+  const int len = element_on_host(seq_lens, s);
+  if (column < 0) {
+    if (len < 0) fail(call, "seq_lens[", s, "] = ", len, " is negative");
+    if (len > shape.max_seq_len) fail(call, "seq_lens[", s, "] = ", len, " exceeds max_seq_len = ", shape.max_seq_len);
+    fail(call, "seq_lens[", s, "] = ", len, " needs more blocks than block_tables has columns (", columns,
+         " x block_size ", shape.block_size, ")");
+  }
+  fail(call, "block_tables[", s, "][", column, "] = ", element_on_host(block_tables, s, column),
+       " is outside [0, num_blocks = ", num_blocks, ")");
+}
+
+template <class SlotView>
+struct SlotCheck {
+  SlotView slot_mapping;
+  std::int64_t num_slots;
+  KOKKOS_INLINE_FUNCTION std::int64_t operator()(std::int64_t t) const {
+    return slot_mapping(t) >= num_slots ? t : -1;  // negative slots are padding
+  }
+};
+
+/// Every slot of slot_mapping is padding (< 0) or one of the cache's num_slots slots.
+template <class Space, class SlotView>
+void check_slot_mapping(const char* call, const Space& space, const SlotView& slot_mapping, std::int64_t num_slots) {
+  const std::int64_t first = first_failure("kpa::check_slot_mapping", space,
+                                           static_cast<std::int64_t>(slot_mapping.extent(0)),
+                                           SlotCheck<SlotView>{slot_mapping, num_slots});
+  if (first >= 0) {
+    fail(call, "slot_mapping[", first, "] = ", element_on_host(slot_mapping, first), " is outside the cache's ",
+         num_slots, " slots");
+  }
+}
+
+template <class MappingView>
+struct BlockMappingCheck {
+  MappingView mapping;
+  std::int64_t src_blocks, dst_blocks;
+  KOKKOS_INLINE_FUNCTION std::int64_t operator()(std::int64_t i) const {
+    for (int side = 0; side < 2; ++side) {
+      const std::int64_t block = mapping(i, side);
+      if (block < 0 || block >= (side == 0 ? src_blocks : dst_blocks)) return 2 * i + side;
+    }
+    return -1;
+  }
+};
+
+/// A [pairs][2] int64 block mapping: every source id (column 0) in [0, src_blocks), every
+/// destination id (column 1) in [0, dst_blocks). Checked on `space` (the mapping's side).
+template <class Space, class MappingView>
+void check_block_mapping(const char* call, const Space& space, const MappingView& block_mapping,
+                         std::int64_t src_blocks, std::int64_t dst_blocks) {
+  static_assert(MappingView::rank == 2 && std::is_same_v<typename MappingView::non_const_value_type, std::int64_t>,
+                "block_mapping is int64 [pairs][2]");
+  if (block_mapping.extent(0) > 0 && block_mapping.extent(1) != 2) {
+    fail(call, "block_mapping extents ", extents_of(block_mapping), " are not [pairs, 2]");
+  }
+  const std::int64_t first = first_failure("kpa::check_block_mapping", space,
+                                           static_cast<std::int64_t>(block_mapping.extent(0)),
+                                           BlockMappingCheck<MappingView>{block_mapping, src_blocks, dst_blocks});
+  if (first >= 0) {
+    const std::int64_t pair = first / 2;
+    const int side = static_cast<int>(first % 2);
+    fail(call, "block_mapping[", pair, "][", side, "] = ", element_on_host(block_mapping, pair, side),
+         " is outside [0, num_blocks = ", side == 0 ? src_blocks : dst_blocks, ") of the ",
+         side == 0 ? "source" : "destination", " cache");
   }
 }
 

@@ -1,0 +1,170 @@
+#pragma once
+// The device kernel path (KernelPath::Device): how a team computes one pass over a tile on a
+// GPU. A team is team_size x vector_length workers (GPU: warps x lanes); the tile's tokens go
+// in chunks of whole blocks; per chunk:
+//   1. logits: one worker per token. Lane i of a warp takes slot i of a block, so with vLLM's
+//      key layout the warp's 16-byte key loads are contiguous; the worker computes the whole
+//      q.k for every head of the pass (the queries sit in scratch and are read by all lanes at
+//      once), with no cross-lane sums. Its logits fold into a SoftmaxStates<H> through one team
+//      parallel_reduce with SoftmaxReducer: the chunk's softmax state for all heads at once;
+//   2. the chunk state merges into the running state; each logit becomes its probability
+//      against the running max;
+//   3. p.V: one worker per head dimension, reading that dimension's row of each block with
+//      16-byte loads (the lanes' rows are block_size elements apart) and applying it to every
+//      head, after rescaling its running output by the merge weight.
+// Registers per worker stay at a few floats per head: the head_size-wide output lives in team
+// scratch, each element owned by one worker. The same code runs on host back ends (team members
+// and lanes then loop), which is how the test suite covers it without a GPU.
+
+#include <kpa/detail/softmax_state.hpp>
+#include <kpa/detail/tile.hpp>
+#include <kpa/numeric_types.hpp>
+
+namespace kpa::detail {
+
+/// N consecutive elements of T read as one aligned load (16 bytes at most).
+template <class T, int N>
+struct alignas(sizeof(T) * N) Packed {
+  T v[N];
+};
+
+/// out[i] = float(p[i]) for i < N, in loads of up to 16 bytes; p must be aligned to the load.
+template <int N, class T>
+KOKKOS_INLINE_FUNCTION void load_floats(const T* p, float (&out)[N]) {
+  constexpr int piece = static_cast<int>(16 / sizeof(T)) < N ? static_cast<int>(16 / sizeof(T)) : N;
+  static_assert(N % piece == 0, "load_floats: N must be a multiple of the load width");
+  for (int k = 0; k < N; k += piece) {
+    const Packed<T, piece> packed = *reinterpret_cast<const Packed<T, piece>*>(p + k);
+    for (int i = 0; i < piece; ++i) out[k + i] = to_float(packed.v[i]);
+  }
+}
+
+/// logits[g] = q_g . k for one cache slot: `key` points at the slot's first X-element vector,
+/// the slot's `vectors` vectors are `stride` elements apart, q_g = q + g * head_size.
+template <int H, int X, class CacheT>
+KOKKOS_INLINE_FUNCTION void slot_dot(const CacheT* key, int stride, int vectors, const float* q, int head_size,
+                                     float (&logits)[H]) {
+  float acc[H];
+  for (int g = 0; g < H; ++g) acc[g] = 0.0f;
+  for (int dx = 0; dx < vectors; ++dx) {
+    float k[X];
+    load_floats<X>(key + dx * stride, k);
+    for (int g = 0; g < H; ++g) {
+      float qv[X];
+      load_floats<X>(q + g * head_size + dx * X, qv);
+      for (int i = 0; i < X; ++i) acc[g] += qv[i] * k[i];
+    }
+  }
+  for (int g = 0; g < H; ++g) logits[g] = acc[g];
+}
+
+struct DevicePath {
+  /// Value elements per load: 16 bytes, at most 8 slots (so a block of 8 works for every type).
+  template <class CacheT>
+  static constexpr int kValueWidth = static_cast<int>(16 / sizeof(CacheT)) < 8 ? static_cast<int>(16 / sizeof(CacheT)) : 8;
+
+  template <int H, class Kernel>
+  KOKKOS_INLINE_FUNCTION static void attend(const Kernel& k, const typename Kernel::member_type& member,
+                                            const TileScratch& s, const Pass& pass, SoftmaxStates<H>& running) {
+    using Space = typename Kernel::execution_space;
+    const int B = k.geo.block_size, CT = k.geo.chunk_tokens;
+    float alibi[H];
+    k.template load_alibi<H>(pass, alibi);
+    for (int chunk_begin = pass.begin; chunk_begin < pass.end; chunk_begin += CT) {
+      const int tokens = (pass.end - chunk_begin < CT) ? pass.end - chunk_begin : CT;
+      const int blocks = (tokens + B - 1) / B;
+      // 1. Logits of the chunk, and its softmax state for every head.
+      SoftmaxStates<H> chunk;
+      Kokkos::parallel_reduce(
+          Kokkos::TeamVectorRange(member, tokens),
+          [&](int i, SoftmaxStates<H>& state) { token_logits<H>(k, s, pass, chunk_begin, i, alibi, state); },
+          SoftmaxReducer<Space, SoftmaxStates<H>>(chunk));
+      member.team_barrier();  // logits and block ids of every worker are in scratch
+      // 2. Running state, and probabilities against its max (0 for masked and padding slots).
+      float old_weight[H];
+      for (int g = 0; g < H; ++g) old_weight[g] = running.head[g].merge(chunk.head[g]).self;
+      const int padded = blocks * B;
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(member, H * padded), [&](int i) {
+        const int g = i / padded, slot = i % padded;
+        float& p = s.probs[g * CT + slot];
+        p = (slot < tokens && p != -compat::infinity()) ? compat::exp(p - running.head[g].max_logit) : 0.0f;
+      });
+      member.team_barrier();
+      // 3. o = o * old_weight + p.V, one worker per dimension.
+      const int last_block_slots = tokens - (blocks - 1) * B;
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(member, k.geo.head_size), [&](int d) {
+        value_row<H>(k, s, pass, d, blocks, last_block_slots, old_weight);
+      });
+      member.team_barrier();  // the next chunk overwrites probs and block ids
+    }
+  }
+
+  /// Logit of chunk token i for every head of the pass, into scratch and into `state`.
+  template <int H, class Kernel>
+  KOKKOS_INLINE_FUNCTION static void token_logits(const Kernel& k, const TileScratch& s, const Pass& pass,
+                                                  int chunk_begin, int i, const float (&alibi)[H],
+                                                  SoftmaxStates<H>& state) {
+    using CacheT = typename Kernel::cache_type;
+    constexpr int X = static_cast<int>(16 / sizeof(CacheT));
+    const int B = k.geo.block_size, CT = k.geo.chunk_tokens;
+    const int slot = i % B;  // chunks start on block boundaries
+    const int block_token = chunk_begin + i - slot;
+    bool attends[H];
+    const bool any_attends = k.template block_mask<H>(pass, block_token, attends);
+    const int block_id = k.block_tables(pass.seq, block_token / B);
+    if (slot == 0) s.block_ids[i / B] = any_attends ? block_id : -1;
+    float logits[H];
+    for (int g = 0; g < H; ++g) logits[g] = 0.0f;
+    if (any_attends) {  // a block no head attends is not read at all
+      // key_cache[block][head][:][slot][:]
+      slot_dot<H, X>(k.key_head(pass) + block_id * k.geo.cache_block_stride + slot * X, B * X, k.geo.head_size / X,
+                     s.q, k.geo.head_size, logits);
+    }
+    const float position = static_cast<float>(chunk_begin + i - pass.seq_len + 1);
+    for (int g = 0; g < H; ++g) {
+      const float logit = any_attends && attends[g] ? logits[g] + alibi[g] * position : -compat::infinity();
+      s.probs[g * CT + i] = logit;
+      state.head[g].add(logit);
+    }
+  }
+
+  /// o[g][d] = o[g][d] * old_weight[g] + sum over the chunk of p_g * V[d] for one dimension d.
+  template <int H, class Kernel>
+  KOKKOS_INLINE_FUNCTION static void value_row(const Kernel& k, const TileScratch& s, const Pass& pass, int d,
+                                               int blocks, int last_block_slots, const float (&old_weight)[H]) {
+    using CacheT = typename Kernel::cache_type;
+    constexpr int W = kValueWidth<CacheT>;
+    const int B = k.geo.block_size, CT = k.geo.chunk_tokens, D = k.geo.head_size;
+    const CacheT* row = k.value_head(pass) + d * B;  // value_cache[0][head][d][:]
+    float sums[H];
+    for (int g = 0; g < H; ++g) sums[g] = 0.0f;
+    for (int lb = 0; lb < blocks; ++lb) {
+      const int block_id = s.block_ids[lb];
+      if (block_id < 0) continue;  // attended by no head of the pass: never read
+      const CacheT* v = row + block_id * k.geo.cache_block_stride;
+      const float* p = s.probs + lb * B;
+      const int slots = lb + 1 == blocks ? last_block_slots : B;
+      if (B % W == 0) {
+        for (int first = 0; first < slots; first += W) {
+          float vf[W];
+          load_floats<W>(v + first, vf);
+          // Slots past the sequence may hold anything, NaN included: they must not reach o.
+          for (int j = 0; j < W; ++j) vf[j] = first + j < slots ? vf[j] : 0.0f;
+          for (int g = 0; g < H; ++g) {
+            float pv[W];
+            load_floats<W>(p + g * CT + first, pv);
+            for (int j = 0; j < W; ++j) sums[g] += pv[j] * vf[j];
+          }
+        }
+      } else {  // block sizes that are no multiple of the load width
+        for (int slot = 0; slot < slots; ++slot) {
+          const float vf = to_float(v[slot]);
+          for (int g = 0; g < H; ++g) sums[g] += p[g * CT + slot] * vf;
+        }
+      }
+    }
+    for (int g = 0; g < H; ++g) s.o[g * D + d] = s.o[g * D + d] * old_weight[g] + sums[g];
+  }
+};
+
+}  // namespace kpa::detail

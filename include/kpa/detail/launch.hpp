@@ -1,0 +1,178 @@
+#pragma once
+// From a LaunchPlan to kernel launches: the plan's compile-time choices (kernel path, heads per
+// pass, cache storage type) become one PartitionKernel type, whose team policy comes straight
+// from the plan. On a detected GPU the planner's occupancy input is measured here, for the very
+// kernel that will run.
+
+#include <kpa/attention_params.hpp>
+#include <kpa/detail/attention_kernels.hpp>
+#include <kpa/detail/cache_storage.hpp>
+#include <kpa/detail/validate.hpp>
+#include <kpa/launch_plan.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace kpa::detail {
+
+template <int N>
+using Heads = std::integral_constant<int, N>;
+
+/// Calls f(Heads<h>{}) for a heads-per-pass value the host path is compiled for.
+template <class F>
+void with_host_heads_per_pass(int heads, F&& f) {
+  switch (heads) {
+    case 1: f(Heads<1>{}); return;
+    case 2: f(Heads<2>{}); return;
+    case 4: f(Heads<4>{}); return;
+    case 6: f(Heads<6>{}); return;
+    case 8: f(Heads<8>{}); return;
+    default: fail("kpa", "the host kernel path has no instantiation for ", heads, " heads per pass");
+  }
+}
+
+/// Calls f(Heads<h>{}) for a heads-per-pass value the device path is compiled for.
+template <class F>
+void with_device_heads_per_pass(int heads, F&& f) {
+  switch (heads) {
+    case 1: f(Heads<1>{}); return;
+    case 2: f(Heads<2>{}); return;
+    case 4: f(Heads<4>{}); return;
+    case 8: f(Heads<8>{}); return;
+    default: fail("kpa", "the device kernel path has no instantiation for ", heads, " heads per pass");
+  }
+}
+
+/// Calls f(TypeTag<Kernel>{}) with the PartitionKernel the plan runs. The host path exists on
+/// host back ends only. The device path exists on device back ends, and on host back ends where
+/// KPA_ENABLE_DEVICE_PATH_ON_HOST is defined (kpa's tests: the GPU-shaped code then runs on every
+/// machine); without it host translation units do not compile the device path at all.
+template <class Space, class CacheT, class T, class TmpT, class F>
+void with_partition_kernel(const char* call, const LaunchPlan& plan, KVCacheDType kv_cache_dtype, F&& f) {
+  with_cache_storage<CacheT>(kv_cache_dtype, [&](auto storage) {
+    using StorageT = typename decltype(storage)::type;
+    if (plan.kernel_path == KernelPath::Host) {
+      if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+        with_host_heads_per_pass(plan.heads_per_pass, [&](auto heads) {
+          f(TypeTag<PartitionKernel<Space, HostPath, decltype(heads)::value, StorageT, T, TmpT>>{});
+        });
+      } else {
+        fail(call, "the host kernel path does not run on ", Space::name());
+      }
+    } else {
+#ifndef KPA_ENABLE_DEVICE_PATH_ON_HOST
+      if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+        fail<UnsupportedError>(call, "the device kernel path is not compiled for ", Space::name(),
+                               " (define KPA_ENABLE_DEVICE_PATH_ON_HOST)");
+      } else
+#endif
+      {
+        with_device_heads_per_pass(plan.heads_per_pass, [&](auto heads) {
+          f(TypeTag<PartitionKernel<Space, DevicePath, decltype(heads)::value, StorageT, T, TmpT>>{});
+        });
+      }
+    }
+  });
+}
+
+/// The team policy of `plan` for Kernel (league, team, vector, scratch). Checks the team size
+/// against what the back end can launch for this kernel (on GPUs: its registers).
+template <class Policy, class Kernel>
+Policy team_policy_for(const char* call, const typename Policy::execution_space& space, const LaunchPlan& plan,
+                       int league_size, std::size_t scratch_bytes, int scratch_level, const Kernel& kernel) {
+  // Host back ends abort on constructing a policy with too large a team: ask a one-thread policy.
+  Policy probe(space, league_size, 1, plan.vector_length);
+  probe.set_scratch_size(scratch_level, Kokkos::PerTeam(scratch_bytes));
+  const int max_team = probe.team_size_max(kernel, Kokkos::ParallelForTag());
+  if (plan.team_size < 1 || plan.team_size > max_team) {
+    fail(call, "team_size ", plan.team_size, " is outside [1, ", max_team, "] for ", Policy::execution_space::name(),
+         " and this kernel");
+  }
+  Policy policy(space, league_size, plan.team_size, plan.vector_length);
+  policy.set_scratch_size(scratch_level, Kokkos::PerTeam(scratch_bytes));
+  return policy;
+}
+
+/// The plan for an attention call on `space`: DeviceProfile::detect(space) (or
+/// KPA_DEVICE_PROFILE), then, on a detected GPU, planned again with the measured occupancy of
+/// the kernel the first plan chose (the team shape does not depend on occupancy, so it stays).
+template <class Space, class CacheT, class T, class TmpT>
+LaunchPlan plan_attention(const char* call, const Space& space, const ProblemShape& shape, const PlanOptions& options,
+                          KVCacheDType kv_cache_dtype) {
+  DeviceProfile profile = DeviceProfile::detect(space);
+  LaunchPlan plan = plan_launch(profile, shape, options);
+  if (profile.occupancy_from_kernel && plan.tiles > 0) {
+    int occupancy = 0;
+    with_partition_kernel<Space, CacheT, T, TmpT>(call, plan, kv_cache_dtype, [&](auto kernel) {
+      using Kernel = typename decltype(kernel)::type;
+      using Policy = typename Kernel::policy_type;
+      const Policy policy(space, 1, plan.team_size, plan.vector_length);
+      occupancy = compat::resident_teams_per_sm<Kernel>(space, policy, plan.scratch_level == 0 ? plan.scratch_bytes : 0);
+    });
+    if (occupancy > 0 && occupancy != profile.sm_occupancy) {
+      profile.sm_occupancy = occupancy;
+      plan = plan_launch(profile, shape, options);
+    }
+  }
+  return plan;
+}
+
+/// Launches the attention kernel of `plan`, writing `output` (the final output, or the v2
+/// partition triple of `args`). CacheT is the caches' element type (std::uint8_t for fp8).
+template <class CacheT, class Space, class T, class TmpT>
+void launch_partition_kernel(const char* label, const Space& space, const LaunchPlan& plan, Output output,
+                             const ProblemShape& shape, const AttentionArgs<Space, T, TmpT>& args,
+                             const AttentionParams& params) {
+  if (plan.tiles == 0) return;
+  if (plan.kernel_path == KernelPath::Device) check_aligned_caches(label, args.key_cache, args.value_cache);
+  const bool fp8 = params.kv_cache_dtype != KVCacheDType::Auto;
+  TileGeometry geo;
+  geo.output = output;
+  geo.num_kv_heads = shape.num_kv_heads;
+  geo.group_size = shape.num_heads / shape.num_kv_heads;
+  geo.head_size = shape.head_size;
+  geo.block_size = shape.block_size;
+  geo.partition_size = plan.partition_size;
+  geo.num_partitions = plan.num_partitions;
+  geo.tiles = plan.tiles;
+  geo.league_size = plan.league_size;
+  geo.chunk_tokens = plan.chunk_tokens;
+  // Keys are dequantised through the query (q . (k s) = (q s) . k), values through the output.
+  geo.scale = params.scale * (fp8 ? params.k_scale : 1.0f);
+  geo.value_scale = fp8 ? params.v_scale : 1.0f;
+  if (params.block_sparse.vert_stride > 1) {
+    geo.sparse.vert_stride = params.block_sparse.vert_stride;
+    geo.sparse.local_blocks = params.block_sparse.local_blocks;
+    geo.sparse.block_size = params.block_sparse.block_size;
+    geo.sparse.head_sliding_step = params.block_sparse.head_sliding_step;
+    geo.sparse.tp_rank = params.tp_rank;
+    geo.sparse.num_heads = shape.num_heads;
+  }
+  geo.cache_head_stride = static_cast<std::int64_t>(shape.head_size) * shape.block_size;
+  geo.cache_block_stride = geo.cache_head_stride * shape.num_kv_heads;
+  with_partition_kernel<Space, CacheT, T, TmpT>(label, plan, params.kv_cache_dtype, [&](auto tag) {
+    using Kernel = typename decltype(tag)::type;
+    const Kernel kernel(args, geo, plan.scratch_level);
+    const auto policy = team_policy_for<typename Kernel::policy_type>(label, space, plan, plan.league_size,
+                                                                      plan.scratch_bytes, plan.scratch_level, kernel);
+    Kokkos::parallel_for(label, policy, kernel);
+  });
+}
+
+/// Launches the v2 reduce of `plan`: merges the partition triple of every (sequence, head) into out.
+template <class Space, class T, class TmpT>
+void launch_partition_reduce(const char* label, const Space& space, const LaunchPlan& plan, const ProblemShape& shape,
+                             const AttentionArgs<Space, T, TmpT>& args) {
+  using Kernel = PartitionReduceKernel<Space, T, TmpT>;
+  const int items = shape.num_seqs * shape.num_heads;
+  if (items == 0) return;
+  const Kernel kernel{args.out,          args.seq_lens,       args.exp_sums,          args.max_logits,
+                      args.tmp_out,      shape.num_heads,     shape.head_size,        plan.partition_size,
+                      plan.num_partitions, items,              plan.reduce_league_size, plan.reduce_scratch_level};
+  const auto policy = team_policy_for<typename Kernel::policy_type>(label, space, plan, plan.reduce_league_size,
+                                                                    plan.reduce_scratch_bytes,
+                                                                    plan.reduce_scratch_level, kernel);
+  Kokkos::parallel_for(label, policy, kernel);
+}
+
+}  // namespace kpa::detail

@@ -1,0 +1,48 @@
+#pragma once
+// Compile-time facts of the attention kernels that the planner must agree with: the heads-per-pass
+// values each kernel path is instantiated for, and the team scratch layout of a tile.
+
+#include <kpa/detail/kokkos_compat.hpp>
+
+#include <cstddef>
+
+namespace kpa::detail {
+
+/// Heads per pass the host path is compiled for (6: GQA groups of 3, 5, 6 and 12 without
+/// padding to 8), and the device path's (powers of two keep its instantiations few).
+inline constexpr int kHostHeadsPerPass[] = {1, 2, 4, 6, 8};
+inline constexpr int kDeviceHeadsPerPass[] = {1, 2, 4, 8};
+inline constexpr int kMaxHeadsPerPass = 8;
+
+/// Team scratch of one tile pass, in floats then ints:
+///   q [H][D] (pre-scaled query), o [H][D] (running unnormalised output),
+///   probs [H][CT] (the chunk's logits, then probabilities),
+///   block_max, block_sum [H][CB] (per-block softmax states, host path),
+///   block_ids [CB] (the chunk's physical blocks; -1: attended by no head of the pass).
+struct TileScratchLayout {
+  int heads = 0;
+  int head_size = 0;
+  int chunk_tokens = 0;
+  int chunk_blocks = 0;
+
+  KOKKOS_INLINE_FUNCTION TileScratchLayout(int heads_, int head_size_, int chunk_tokens_, int block_size)
+      : heads(heads_), head_size(head_size_), chunk_tokens(chunk_tokens_), chunk_blocks(chunk_tokens_ / block_size) {}
+
+  KOKKOS_INLINE_FUNCTION std::size_t q() const { return 0; }
+  KOKKOS_INLINE_FUNCTION std::size_t o() const { return static_cast<std::size_t>(heads) * head_size; }
+  KOKKOS_INLINE_FUNCTION std::size_t probs() const { return 2 * o(); }
+  KOKKOS_INLINE_FUNCTION std::size_t block_max() const {
+    return probs() + static_cast<std::size_t>(heads) * chunk_tokens;
+  }
+  KOKKOS_INLINE_FUNCTION std::size_t block_sum() const {
+    return block_max() + static_cast<std::size_t>(heads) * chunk_blocks;
+  }
+  KOKKOS_INLINE_FUNCTION std::size_t floats() const {
+    return block_sum() + static_cast<std::size_t>(heads) * chunk_blocks;
+  }
+  KOKKOS_INLINE_FUNCTION std::size_t ints() const { return static_cast<std::size_t>(chunk_blocks); }
+  /// Bytes to request per team: both arrays plus room for the scratch allocator's alignment.
+  std::size_t bytes() const { return (floats() + ints()) * 4 + 2 * 128; }
+};
+
+}  // namespace kpa::detail
