@@ -5,7 +5,8 @@
 #   scripts/bootstrap-deps.sh --cuda [PREFIX]   CUDA Kokkos (default PREFIX: <repo>/.deps/install-cuda)
 #
 # With KPA_SKIP_KOKKOS=1 only the distribution packages are installed (for builds against a
-# Kokkos given through Kokkos_ROOT).
+# Kokkos given through Kokkos_ROOT). With KPA_OFFLINE=1 nothing is installed or fetched: the
+# Kokkos sources must already be in <repo>/.deps/src (a machine without network).
 # - Distribution packages (as root, only those missing): C and C++ compilers, CMake, GoogleTest,
 #   Google Benchmark, dpkg-dev (for `apt-get source`), python3 with numpy (the ctypes test).
 # - The Kokkos 3.4.1 and Kokkos Kernels 3.4 sources, from the distribution's `trilinos` source
@@ -77,6 +78,7 @@ ensure_deb_src() {
 # packages/kokkos and packages/kokkos-kernels of the trilinos source package, in $src.
 fetch_sources() {
   [ -f "$src/.complete" ] && return
+  if [ "${KPA_OFFLINE:-0}" = 1 ]; then log "KPA_OFFLINE=1 and no Kokkos sources in $src"; exit 1; fi
   ensure_deb_src
   local download=$repo/.deps/download
   rm -rf "$download" "$src"; mkdir -p "$download" "$src"
@@ -133,7 +135,7 @@ build_cuda() {
   rm -rf "$work"
 }
 
-install_packages
+[ "${KPA_OFFLINE:-0}" = 1 ] || install_packages
 [ "$cuda" = 1 ] && [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
 if [ "${KPA_SKIP_KOKKOS:-0}" = 1 ]; then
   exit 0

@@ -4,6 +4,7 @@
 #include <kpa/kpa.h>
 #include <kpa/kpa.hpp>
 
+#include <atomic>
 #include <climits>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,7 @@ thread_local std::string last_error;
 bool kokkos_initialised_by_kpa = false;
 std::unique_ptr<kpa::Workspace<Space>> workspace;  // released before Kokkos finalises
 std::mutex workspace_mutex;                         // kpa_paged_attention callers share it
+std::atomic<bool> check_indices{true};              // kpa_set_check_indices
 
 /// Thrown for argument errors found by this layer itself.
 struct InvalidArgument : std::invalid_argument {
@@ -146,6 +148,7 @@ void with_attention_views(const char* call, void* out, const AttentionArgs& a, B
   params.k_scale = a.k_scale;
   params.v_scale = a.v_scale;
   params.tp_rank = a.tp_rank;
+  params.check_indices = check_indices.load();
   if (a.block_sparse != nullptr) {
     params.block_sparse = kpa::BlockSparse{a.block_sparse->local_blocks, a.block_sparse->vert_stride,
                                            a.block_sparse->block_size, a.block_sparse->head_sliding_step};
@@ -194,6 +197,8 @@ void kpa_finalize(void) {
 const char* kpa_last_error(void) { return last_error.c_str(); }
 
 const char* kpa_version(void) { return kpa::version_string; }
+
+int kpa_set_check_indices(int enabled) { return check_indices.exchange(enabled != 0) ? 1 : 0; }
 
 int kpa_paged_attention_v1(void* out, const void* query, kpa_dtype dtype, const void* key_cache,
                            const void* value_cache, kpa_dtype cache_dtype, int64_t num_seqs, int64_t num_heads,

@@ -165,6 +165,24 @@ int main(void) {
   CHECK(status == KPA_ERR_INVALID_ARGUMENT && strstr(kpa_last_error(), "max_num_partitions") != NULL,
         "too few partitions: %d", status);
 
+  /* kpa_set_check_indices: a negative length is an error with the check, and an empty sequence
+   * (output 0) to kernels that trust their indices. */
+  const int32_t negative_lens[SEQS] = {-3, 5, 29};
+  status = kpa_paged_attention_v1(out, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, HEAD,
+                                  NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, negative_lens, 29, scale, NULL,
+                                  1.0f, 1.0f, 0, NULL);
+  CHECK(status == KPA_ERR_INVALID_ARGUMENT && strstr(kpa_last_error(), "seq_lens[0] = -3") != NULL,
+        "negative length, checked: %d", status);
+  CHECK(kpa_set_check_indices(0) == 1, "the check is on by default");
+  memset(out, 0xff, sizeof out);
+  status = kpa_paged_attention_v1(out, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, HEAD,
+                                  NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, negative_lens, 29, scale, NULL,
+                                  1.0f, 1.0f, 0, NULL);
+  CHECK(status == KPA_OK && out[0][0][0] == 0.0f && out[0][3][HEAD - 1] == 0.0f, "negative length, unchecked: %d",
+        status);
+  CHECK(max_error(&out[0][0][0], ref) < tolerance, "unchecked v1 error %g", max_error(&out[0][0][0], ref));
+  CHECK(kpa_set_check_indices(1) == 0, "kpa_set_check_indices returns the previous setting");
+
   kpa_finalize();
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures == 0 ? 0 : 1;

@@ -22,7 +22,9 @@ lib.kpa_paged_attention_v1.argtypes = [P, P] + ATTENTION
 lib.kpa_paged_attention.argtypes = [P, P] + ATTENTION
 lib.kpa_paged_attention_v2.argtypes = [P, P, P, P, I64, I64, P] + ATTENTION
 lib.kpa_reshape_and_cache.argtypes = [P, P, I, P, P, I, I64, I64, I64, I64, I64, P, F, F]
-for name in ("kpa_paged_attention_v1", "kpa_paged_attention_v2", "kpa_paged_attention", "kpa_reshape_and_cache"):
+lib.kpa_set_check_indices.argtypes = [I]
+for name in ("kpa_paged_attention_v1", "kpa_paged_attention_v2", "kpa_paged_attention", "kpa_reshape_and_cache",
+             "kpa_set_check_indices"):
     getattr(lib, name).restype = I
 
 passed = failed = 0
@@ -166,6 +168,18 @@ args = attention_args(key_cache, value_cache, KPA_F16)
 args[10] = ptr(bad_tables)
 status = lib.kpa_paged_attention(ptr(out), ptr(query), *args)
 check(status == KPA_ERR_INVALID_ARGUMENT and b"block_tables[2][1]" in lib.kpa_last_error(), f"bad block: {status}")
+
+# With the index check off the same bad table is trusted: the length-0 sequence's row is not
+# read, so a bad entry there is harmless and the call succeeds.
+unread = block_tables.copy()
+unread[1, 0] = -7  # sequence 1 is empty
+args[10] = ptr(unread)
+check(lib.kpa_paged_attention(ptr(out), ptr(query), *args) == KPA_OK, "unused row entries are never checked")
+check(lib.kpa_set_check_indices(0) == 1, "index check on by default")
+args[10] = ptr(block_tables)
+check(lib.kpa_paged_attention(ptr(out), ptr(query), *args) == KPA_OK, "unchecked call")
+check(np.abs(out.astype(np.float64) - reference(keys, values)).max() < 1e-3, "unchecked call result")
+check(lib.kpa_set_check_indices(1) == 0, "kpa_set_check_indices returns the previous setting")
 
 lib.kpa_finalize()
 print(f"{passed} passed, {failed} failed")

@@ -187,12 +187,13 @@ void copy_blocks(const Space& space, const std::vector<KeyCacheView>& key_caches
 template <class Space, class SrcCacheView, class DstCacheView, class MappingView>
 void swap_blocks(const Space& space, const SrcCacheView& src, const DstCacheView& dst, const MappingView& block_mapping) {
   constexpr const char* call = "kpa::swap_blocks";
-  static_assert(SrcCacheView::rank == DstCacheView::rank, "src and dst caches have one rank");
+  static_assert(static_cast<int>(SrcCacheView::rank) == static_cast<int>(DstCacheView::rank),
+                "src and dst caches have one rank");
   static_assert(std::is_same_v<typename SrcCacheView::non_const_value_type, typename DstCacheView::non_const_value_type>,
                 "src and dst caches have one element type");
   static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename MappingView::memory_space>::accessible,
                 "block_mapping lives on the host");
-  for (unsigned r = 1; r < SrcCacheView::rank; ++r) {
+  for (int r = 1; r < static_cast<int>(SrcCacheView::rank); ++r) {
     if (src.extent(r) != dst.extent(r)) {
       detail::fail(call, "src extents ", detail::extents_of(src), " and dst extents ", detail::extents_of(dst),
                    " differ beyond the block index");

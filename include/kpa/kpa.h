@@ -43,6 +43,12 @@ void kpa_finalize(void);
 const char* kpa_last_error(void);
 const char* kpa_version(void);
 
+/* Whether the attention calls check seq_lens and block_tables before launching (nonzero, the
+ * default) or trust them (0). The check is a kernel plus one small copy back to the host; without
+ * it a call enqueues its kernels and synchronises only at its end. Applies to every thread's
+ * later calls; returns the previous setting. */
+int kpa_set_check_indices(int enabled);
+
 int kpa_paged_attention_v1(void* out, const void* query, kpa_dtype dtype, const void* key_cache,
                            const void* value_cache, kpa_dtype cache_dtype, int64_t num_seqs, int64_t num_heads,
                            int64_t num_kv_heads, int64_t head_size, int64_t num_blocks, int64_t block_size,

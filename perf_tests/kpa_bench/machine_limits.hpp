@@ -1,8 +1,9 @@
 #pragma once
 // The machine's limits, measured by Kokkos kernels on the execution space the benchmark runs
 // on, so that "% of bandwidth" and "% of roofline" mean the same on any machine:
-//   read bandwidth: a reduction over a 512 MiB buffer (far larger than any cache), each work item
-//     summing 1024 consecutive floats into 16 independent partial sums; best of 5 runs;
+//   read bandwidth: a reduction over a 512 MiB buffer (far larger than any cache); on hosts each
+//     work item sums 1024 consecutive floats into 16 independent partial sums, on GPUs each sums
+//     one 16-byte vector (neighbouring threads, neighbouring vectors); best of 5 runs;
 //   FMA throughput: every work item runs 64 independent multiply-add chains in registers for
 //     2^14 steps (enough chains to cover the FMA latency); best of 5 runs, 2 FLOP per FMA.
 
@@ -15,6 +16,10 @@
 #include <functional>
 
 namespace kpa_bench {
+
+struct alignas(16) float4_like {
+  float x, y, z, w;
+};
 
 struct MachineLimits {
   double read_bytes_per_s = 0.0;
@@ -43,22 +48,35 @@ MachineLimits measure_machine_limits(const Space& space) {
       "kpa_bench::probe_fill", Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(space, 0, floats),
       KOKKOS_LAMBDA(std::int64_t i) { buffer(i) = static_cast<float>(i & 7); });
   float total = 0.0f;
+  constexpr bool host = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible;
   const double read_seconds = best_seconds(5, space, [&] {
-    Kokkos::parallel_reduce(
-        "kpa_bench::read_bandwidth", Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(space, 0, floats / chunk),
-        KOKKOS_LAMBDA(std::int64_t c, float& sum) {
-          float lanes[16] = {};
-          const float* p = buffer.data() + c * chunk;
-          for (int i = 0; i < chunk; i += 16)
-            for (int j = 0; j < 16; ++j) lanes[j] += p[i + j];
-          for (int j = 0; j < 16; ++j) sum += lanes[j];
-        },
-        total);
+    if constexpr (host) {  // a core streams a contiguous chunk into vector registers
+      Kokkos::parallel_reduce(
+          "kpa_bench::read_bandwidth",
+          Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(space, 0, floats / chunk),
+          KOKKOS_LAMBDA(std::int64_t c, float& sum) {
+            float lanes[16] = {};
+            const float* p = buffer.data() + c * chunk;
+            for (int i = 0; i < chunk; i += 16)
+              for (int j = 0; j < 16; ++j) lanes[j] += p[i + j];
+            for (int j = 0; j < 16; ++j) sum += lanes[j];
+          },
+          total);
+    } else {  // GPU: neighbouring threads read neighbouring 16-byte vectors (coalesced)
+      Kokkos::parallel_reduce(
+          "kpa_bench::read_bandwidth", Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(space, 0, floats / 4),
+          KOKKOS_LAMBDA(std::int64_t i, float& sum) {
+            const float4_like v = reinterpret_cast<const float4_like*>(buffer.data())[i];
+            sum += (v.x + v.y) + (v.z + v.w);
+          },
+          total);
+    }
   });
   limits.read_bytes_per_s = static_cast<double>(floats) * sizeof(float) / read_seconds;
 
   constexpr int chains = 64, steps = 1 << 14;
-  const std::int64_t items = std::int64_t{space.concurrency()} * 256;
+  // Host: many items per thread; GPU: a few per resident thread (concurrency counts those).
+  const std::int64_t items = std::int64_t{space.concurrency()} * (host ? 256 : 4);
   Kokkos::View<float*, typename Space::memory_space> sink("kpa_bench::fma_sink", items);
   const double fma_seconds = best_seconds(5, space, [&] {
     Kokkos::parallel_for(

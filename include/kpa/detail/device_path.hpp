@@ -7,8 +7,8 @@
 //      q.k for every head of the pass (the queries sit in scratch and are read by all lanes at
 //      once), with no cross-lane sums. Its logits fold into a SoftmaxStates<H> through one team
 //      parallel_reduce with SoftmaxReducer: the chunk's softmax state for all heads at once;
-//   2. the chunk state merges into the running state; each logit becomes its probability
-//      against the running max;
+//   2. the chunk state merges into the running state (in scratch); each logit becomes its
+//      probability against the running max;
 //   3. p.V: one worker per head dimension, reading that dimension's row of each block with
 //      16-byte loads (the lanes' rows are block_size elements apart) and applying it to every
 //      head, after rescaling its running output by the merge weight.
@@ -68,8 +68,17 @@ struct DevicePath {
                                             const TileScratch& s, const Pass& pass, SoftmaxStates<H>& running) {
     using Space = typename Kernel::execution_space;
     const int B = k.geo.block_size, CT = k.geo.chunk_tokens;
-    float alibi[H];
-    k.template load_alibi<H>(pass, alibi);
+    // The running state lives in scratch (running max, sum, merge weight per head), written by
+    // one worker: registers stay free for the inner loops, and no lambda captures a register array.
+    float* running_max = s.running;
+    float* running_sum = s.running + H;
+    float* merge_weight = s.running + 2 * H;
+    Kokkos::single(Kokkos::PerTeam(member), [&]() {
+      for (int g = 0; g < H; ++g) {
+        running_max[g] = -compat::infinity();
+        running_sum[g] = 0.0f;
+      }
+    });
     for (int chunk_begin = pass.begin; chunk_begin < pass.end; chunk_begin += CT) {
       const int tokens = (pass.end - chunk_begin < CT) ? pass.end - chunk_begin : CT;
       const int blocks = (tokens + B - 1) / B;
@@ -77,33 +86,40 @@ struct DevicePath {
       SoftmaxStates<H> chunk;
       Kokkos::parallel_reduce(
           Kokkos::TeamVectorRange(member, tokens),
-          [&](int i, SoftmaxStates<H>& state) { token_logits<H>(k, s, pass, chunk_begin, i, alibi, state); },
+          [&](int i, SoftmaxStates<H>& state) { token_logits<H>(k, s, pass, chunk_begin, i, state); },
           SoftmaxReducer<Space, SoftmaxStates<H>>(chunk));
       member.team_barrier();  // logits and block ids of every worker are in scratch
-      // 2. Running state, and probabilities against its max (0 for masked and padding slots).
-      float old_weight[H];
-      for (int g = 0; g < H; ++g) old_weight[g] = running.head[g].merge(chunk.head[g]).self;
+      // 2. The running state absorbs the chunk's; probabilities against the new max (0 for masked
+      //    and padding slots).
+      Kokkos::single(Kokkos::PerTeam(member), [&]() {
+        for (int g = 0; g < H; ++g) {
+          SoftmaxState state{running_max[g], running_sum[g]};
+          merge_weight[g] = state.merge(chunk.head[g]).self;
+          running_max[g] = state.max_logit;
+          running_sum[g] = state.exp_sum;
+        }
+      });
+      member.team_barrier();
       const int padded = blocks * B;
       Kokkos::parallel_for(Kokkos::TeamVectorRange(member, H * padded), [&](int i) {
         const int g = i / padded, slot = i % padded;
         float& p = s.probs[g * CT + slot];
-        p = (slot < tokens && p != -compat::infinity()) ? compat::exp(p - running.head[g].max_logit) : 0.0f;
+        p = (slot < tokens && p != -compat::infinity()) ? compat::exp(p - running_max[g]) : 0.0f;
       });
       member.team_barrier();
-      // 3. o = o * old_weight + p.V, one worker per dimension.
+      // 3. o = o * merge_weight + p.V, one worker per dimension.
       const int last_block_slots = tokens - (blocks - 1) * B;
-      Kokkos::parallel_for(Kokkos::TeamVectorRange(member, k.geo.head_size), [&](int d) {
-        value_row<H>(k, s, pass, d, blocks, last_block_slots, old_weight);
-      });
-      member.team_barrier();  // the next chunk overwrites probs and block ids
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(member, k.geo.head_size),
+                           [&](int d) { value_row<H>(k, s, pass, d, blocks, last_block_slots, merge_weight); });
+      member.team_barrier();  // the next chunk overwrites probs, block ids and weights
     }
+    for (int g = 0; g < H; ++g) running.head[g] = SoftmaxState{running_max[g], running_sum[g]};
   }
 
   /// Logit of chunk token i for every head of the pass, into scratch and into `state`.
   template <int H, class Kernel>
   KOKKOS_INLINE_FUNCTION static void token_logits(const Kernel& k, const TileScratch& s, const Pass& pass,
-                                                  int chunk_begin, int i, const float (&alibi)[H],
-                                                  SoftmaxStates<H>& state) {
+                                                  int chunk_begin, int i, SoftmaxStates<H>& state) {
     using CacheT = typename Kernel::cache_type;
     constexpr int X = static_cast<int>(16 / sizeof(CacheT));
     const int B = k.geo.block_size, CT = k.geo.chunk_tokens;
@@ -121,17 +137,19 @@ struct DevicePath {
                      s.q, k.geo.head_size, logits);
     }
     const float position = static_cast<float>(chunk_begin + i - pass.seq_len + 1);
+    const bool alibi = k.alibi_slopes.extent(0) > 0;
     for (int g = 0; g < H; ++g) {
-      const float logit = any_attends && attends[g] ? logits[g] + alibi[g] * position : -compat::infinity();
+      if (alibi && g < pass.heads) logits[g] += k.alibi_slopes(pass.first_head + g) * position;
+      const float logit = any_attends && attends[g] ? logits[g] : -compat::infinity();
       s.probs[g * CT + i] = logit;
       state.head[g].add(logit);
     }
   }
 
-  /// o[g][d] = o[g][d] * old_weight[g] + sum over the chunk of p_g * V[d] for one dimension d.
+  /// o[g][d] = o[g][d] * merge_weight[g] + sum over the chunk of p_g * V[d] for one dimension d.
   template <int H, class Kernel>
   KOKKOS_INLINE_FUNCTION static void value_row(const Kernel& k, const TileScratch& s, const Pass& pass, int d,
-                                               int blocks, int last_block_slots, const float (&old_weight)[H]) {
+                                               int blocks, int last_block_slots, const float* merge_weight) {
     using CacheT = typename Kernel::cache_type;
     constexpr int W = kValueWidth<CacheT>;
     const int B = k.geo.block_size, CT = k.geo.chunk_tokens, D = k.geo.head_size;
@@ -163,7 +181,7 @@ struct DevicePath {
         }
       }
     }
-    for (int g = 0; g < H; ++g) s.o[g * D + d] = s.o[g * D + d] * old_weight[g] + sums[g];
+    for (int g = 0; g < H; ++g) s.o[g * D + d] = s.o[g * D + d] * merge_weight[g] + sums[g];
   }
 };
 

@@ -55,6 +55,7 @@ struct TileScratch {
   float* probs;      ///< [H][chunk_tokens]
   float* block_max;  ///< [H][chunk_blocks]
   float* block_sum;  ///< [H][chunk_blocks]
+  float* running;    ///< [3][H]: max, sum, merge weight
   int* block_ids;    ///< [chunk_blocks]
 
   template <class Member>
@@ -63,7 +64,8 @@ struct TileScratch {
     float* floats = static_cast<float*>(member.team_scratch(level).get_shmem_aligned(layout.floats() * 4, 16));
     int* ints = static_cast<int*>(member.team_scratch(level).get_shmem_aligned(layout.ints() * 4, 16));
     return TileScratch{floats + layout.q(),         floats + layout.o(),         floats + layout.probs(),
-                       floats + layout.block_max(), floats + layout.block_sum(), ints};
+                       floats + layout.block_max(), floats + layout.block_sum(), floats + layout.running(),
+                       ints};
   }
 };
 

@@ -18,6 +18,7 @@ inline constexpr int kMaxHeadsPerPass = 8;
 ///   q [H][D] (pre-scaled query), o [H][D] (running unnormalised output),
 ///   probs [H][CT] (the chunk's logits, then probabilities),
 ///   block_max, block_sum [H][CB] (per-block softmax states, host path),
+///   running [3][H] (running max, running sum, last merge weight of each head: device path),
 ///   block_ids [CB] (the chunk's physical blocks; -1: attended by no head of the pass).
 struct TileScratchLayout {
   int heads = 0;
@@ -37,9 +38,10 @@ struct TileScratchLayout {
   KOKKOS_INLINE_FUNCTION std::size_t block_sum() const {
     return block_max() + static_cast<std::size_t>(heads) * chunk_blocks;
   }
-  KOKKOS_INLINE_FUNCTION std::size_t floats() const {
+  KOKKOS_INLINE_FUNCTION std::size_t running() const {
     return block_sum() + static_cast<std::size_t>(heads) * chunk_blocks;
   }
+  KOKKOS_INLINE_FUNCTION std::size_t floats() const { return running() + 3 * static_cast<std::size_t>(heads); }
   KOKKOS_INLINE_FUNCTION std::size_t ints() const { return static_cast<std::size_t>(chunk_blocks); }
   /// Bytes to request per team: both arrays plus room for the scratch allocator's alignment.
   std::size_t bytes() const { return (floats() + ints()) * 4 + 2 * 128; }
