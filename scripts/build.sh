@@ -22,6 +22,8 @@ if [ "$cuda" = 1 ]; then
   arch=${KPA_CUDA_ARCH:-AMPERE80}
   # Kokkos' nvcc_wrapper defaults to sm_35, which CUDA 13 rejects: name the architecture.
   extra+=(-DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_wrapper" -DCMAKE_CXX_FLAGS="-arch=sm_${arch//[!0-9]/}")
+  # Typed tests on the GPU only: the host build covers the host back ends.
+  extra+=(-DKPA_TEST_SPACES="${KPA_TEST_SPACES:-Kokkos::Cuda}")
 elif [ -n "${Kokkos_ROOT:-}" ]; then
   build=${BUILD_DIR:-$repo/build}
   kokkos=$Kokkos_ROOT

@@ -49,7 +49,7 @@ void require_positive(const char* what, long long value) {
 /// The heads per pass among `candidates` that reads a group's K/V the fewest times, and pads
 /// the fewest heads among those.
 template <std::size_t N>
-int heads_per_pass_for(int group, const int (&candidates)[N]) {
+int heads_per_pass_for(int group, const std::array<int, N>& candidates) {
   int best = candidates[0];
   long long best_passes = ceil_div(group, best), best_padding = best_passes * best - group;
   for (int h : candidates) {

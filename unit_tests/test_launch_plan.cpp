@@ -286,19 +286,19 @@ TYPED_TEST(LaunchPlanOnSpace, DetectsTheBackEndAndHonoursTheEnvironment) {
   EXPECT_LE(plan.team_size, limits.max_team_size);
 }
 
-// Every heads-per-pass value the planner may choose has a kernel instantiation.
+// Every heads-per-pass value the planner may choose dispatches to its kernel, and no other does.
 TEST(LaunchPlan, EveryPlannableHeadsPerPassHasAKernel) {
   for (int heads : kpa::detail::kHostHeadsPerPass) {
     int called = 0;
-    kpa::detail::with_host_heads_per_pass(heads, [&](auto h) { called = decltype(h)::value; });
+    kpa::detail::with_heads_per_pass(kpa::detail::HostHeadsPerPass{}, heads, [&](auto h) { called = decltype(h)::value; });
     EXPECT_EQ(called, heads);
   }
   for (int heads : kpa::detail::kDeviceHeadsPerPass) {
     int called = 0;
-    kpa::detail::with_device_heads_per_pass(heads, [&](auto h) { called = decltype(h)::value; });
+    kpa::detail::with_heads_per_pass(kpa::detail::DeviceHeadsPerPass{}, heads, [&](auto h) { called = decltype(h)::value; });
     EXPECT_EQ(called, heads);
   }
-  EXPECT_THROW(kpa::detail::with_device_heads_per_pass(6, [](auto) {}), kpa::Error);
+  EXPECT_THROW(kpa::detail::with_heads_per_pass(kpa::detail::DeviceHeadsPerPass{}, 6, [](auto) {}), kpa::Error);
 }
 
 }  // namespace

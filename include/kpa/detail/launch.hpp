@@ -15,32 +15,12 @@
 
 namespace kpa::detail {
 
-template <int N>
-using Heads = std::integral_constant<int, N>;
-
-/// Calls f(Heads<h>{}) for a heads-per-pass value the host path is compiled for.
-template <class F>
-void with_host_heads_per_pass(int heads, F&& f) {
-  switch (heads) {
-    case 1: f(Heads<1>{}); return;
-    case 2: f(Heads<2>{}); return;
-    case 4: f(Heads<4>{}); return;
-    case 6: f(Heads<6>{}); return;
-    case 8: f(Heads<8>{}); return;
-    default: fail("kpa", "the host kernel path has no instantiation for ", heads, " heads per pass");
-  }
-}
-
-/// Calls f(Heads<h>{}) for a heads-per-pass value the device path is compiled for.
-template <class F>
-void with_device_heads_per_pass(int heads, F&& f) {
-  switch (heads) {
-    case 1: f(Heads<1>{}); return;
-    case 2: f(Heads<2>{}); return;
-    case 4: f(Heads<4>{}); return;
-    case 8: f(Heads<8>{}); return;
-    default: fail("kpa", "the device kernel path has no instantiation for ", heads, " heads per pass");
-  }
+/// Calls f(std::integral_constant<int, h>{}) for heads == h, one of the values of `Sequence`
+/// (HostHeadsPerPass or DeviceHeadsPerPass).
+template <int... Values, class F>
+void with_heads_per_pass(std::integer_sequence<int, Values...>, int heads, F&& f) {
+  const bool found = ((heads == Values ? (f(std::integral_constant<int, Values>{}), true) : false) || ...);
+  if (!found) fail("kpa", "no kernel is compiled for ", heads, " heads per pass on this kernel path");
 }
 
 /// Calls f(TypeTag<Kernel>{}) with the PartitionKernel the plan runs. The host path exists on
@@ -53,7 +33,7 @@ void with_partition_kernel(const char* call, const LaunchPlan& plan, KVCacheDTyp
     using StorageT = typename decltype(storage)::type;
     if (plan.kernel_path == KernelPath::Host) {
       if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
-        with_host_heads_per_pass(plan.heads_per_pass, [&](auto heads) {
+        with_heads_per_pass(HostHeadsPerPass{}, plan.heads_per_pass, [&](auto heads) {
           f(TypeTag<PartitionKernel<Space, HostPath, decltype(heads)::value, StorageT, T, TmpT>>{});
         });
       } else {
@@ -67,7 +47,7 @@ void with_partition_kernel(const char* call, const LaunchPlan& plan, KVCacheDTyp
       } else
 #endif
       {
-        with_device_heads_per_pass(plan.heads_per_pass, [&](auto heads) {
+        with_heads_per_pass(DeviceHeadsPerPass{}, plan.heads_per_pass, [&](auto heads) {
           f(TypeTag<PartitionKernel<Space, DevicePath, decltype(heads)::value, StorageT, T, TmpT>>{});
         });
       }

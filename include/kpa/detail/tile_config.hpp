@@ -4,15 +4,24 @@
 
 #include <kpa/detail/kokkos_compat.hpp>
 
+#include <array>
 #include <cstddef>
+#include <utility>
 
 namespace kpa::detail {
 
 /// Heads per pass the host path is compiled for (6: GQA groups of 3, 5, 6 and 12 without
-/// padding to 8), and the device path's (powers of two keep its instantiations few).
-inline constexpr int kHostHeadsPerPass[] = {1, 2, 4, 6, 8};
-inline constexpr int kDeviceHeadsPerPass[] = {1, 2, 4, 8};
-inline constexpr int kMaxHeadsPerPass = 8;
+/// padding to 8), and the device path's (powers of two keep its instantiations few). The planner
+/// chooses among these values and the launch instantiates exactly these.
+using HostHeadsPerPass = std::integer_sequence<int, 1, 2, 4, 6, 8>;
+using DeviceHeadsPerPass = std::integer_sequence<int, 1, 2, 4, 8>;
+
+template <int... Heads>
+constexpr std::array<int, sizeof...(Heads)> values_of(std::integer_sequence<int, Heads...>) {
+  return {Heads...};
+}
+inline constexpr auto kHostHeadsPerPass = values_of(HostHeadsPerPass{});
+inline constexpr auto kDeviceHeadsPerPass = values_of(DeviceHeadsPerPass{});
 
 /// Team scratch of one tile pass, in floats then ints:
 ///   q [H][D] (pre-scaled query), o [H][D] (running unnormalised output),
