@@ -1,5 +1,6 @@
 #include <kpa/block_allocator.hpp>
 
+#include <limits>
 #include <string>
 
 namespace kpa {
@@ -42,6 +43,9 @@ BlockAllocator::Append BlockAllocator::append_tokens(SequenceId id, int count) {
   sequence(call, id);
   Sequence& seq = sequences_[id];
   const std::int64_t new_length = static_cast<std::int64_t>(seq.length) + count;
+  if (new_length > std::numeric_limits<int>::max()) {
+    detail::fail(call, "sequence ", id, " would hold ", new_length, " tokens, more than INT_MAX");
+  }
   const auto needed_blocks = static_cast<std::size_t>((new_length + block_size_ - 1) / block_size_);
   // A partly filled last block held by another sequence too must be copied before it is written.
   const bool copy_on_write = count > 0 && seq.length % block_size_ != 0 && ref_counts_[seq.blocks.back()] > 1;

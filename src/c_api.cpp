@@ -1,14 +1,19 @@
 // The C ABI of include/kpa/kpa.h: raw pointers wrapped as unmanaged Views of the default
-// execution space, the C++ entry points behind them, and exceptions turned into status codes.
+// execution space, the C++ entry points behind them, exceptions turned into status codes, and
+// every call run on the thread that owns Kokkos, whichever thread makes it.
 
 #include <kpa/kpa.h>
 #include <kpa/kpa.hpp>
 
 #include <atomic>
 #include <climits>
+#include <condition_variable>
+#include <deque>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <type_traits>
 
 namespace {
@@ -19,10 +24,86 @@ template <class DataType>
 using Unmanaged = Kokkos::View<DataType, Kokkos::LayoutRight, Memory, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
 thread_local std::string last_error;
-bool kokkos_initialised_by_kpa = false;
+std::atomic<bool> check_indices{true};  // kpa_set_check_indices
+
+/// A call's outcome, carried back to the calling thread (whose kpa_last_error reports it).
+struct Outcome {
+  int status = KPA_OK;
+  std::string message;
+};
+
+/// The thread that owns a Kokkos kpa_init started. Kokkos' host back ends (OpenMP in 3.4) run
+/// parallel work only from the thread that initialised them, so every C ABI call made from any
+/// thread is handed to this one and waited for; concurrent calls take turns.
+class KokkosThread {
+ public:
+  /// Starts the thread and initialises Kokkos on it.
+  Outcome start() {
+    thread_ = std::thread([this] { loop(); });
+    return run([] {
+      Kokkos::initialize();
+      return Outcome{};
+    });
+  }
+
+  /// Runs `job` on the thread and returns its outcome.
+  template <class Job>
+  Outcome run(Job&& job) {
+    std::packaged_task<Outcome()> task(std::forward<Job>(job));
+    std::future<Outcome> result = task.get_future();
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      jobs_.push_back(std::move(task));
+    }
+    wake_.notify_one();
+    return result.get();
+  }
+
+  /// Runs `last` on the thread, then ends it.
+  template <class Job>
+  void stop(Job&& last) {
+    run(std::forward<Job>(last));
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+    stopping_ = false;
+  }
+
+  bool is_current() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::packaged_task<Outcome()> job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, nothing left
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::packaged_task<Outcome()>> jobs_;
+  bool stopping_ = false;
+};
+
+/// Who owns Kokkos: nobody yet, kpa (through kpa_init, on a KokkosThread), or the host program
+/// (which initialised Kokkos before kpa_init; calls then run on the calling thread).
+enum class Owner { None, Kpa, Host };
+std::mutex lifetime_mutex;  // kpa_init and kpa_finalize
+std::atomic<Owner> owner{Owner::None};
+KokkosThread kokkos_thread;
 std::unique_ptr<kpa::Workspace<Space>> workspace;  // released before Kokkos finalises
 std::mutex workspace_mutex;                         // kpa_paged_attention callers share it
-std::atomic<bool> check_indices{true};              // kpa_set_check_indices
 
 /// Thrown for argument errors found by this layer itself.
 struct InvalidArgument : std::invalid_argument {
@@ -46,32 +127,33 @@ void require(const char* call, const char* name, const void* pointer, bool neede
   if (needed && pointer == nullptr) invalid(call, std::string(name) + " is NULL");
 }
 
+/// Runs `body` where Kokkos lives (the KokkosThread, or here when the host program owns Kokkos),
+/// turns exceptions into a status, and leaves the message for this thread's kpa_last_error.
 template <class Body>
 int guarded(Body&& body) {
-  last_error.clear();
-  try {
-    if (!Kokkos::is_initialized()) {
-      throw InvalidArgument(KPA_ERR_RUNTIME, "kpa: Kokkos is not initialised (call kpa_init first)");
+  auto job = [&]() -> Outcome {
+    try {
+      if (!Kokkos::is_initialized()) {
+        throw InvalidArgument(KPA_ERR_RUNTIME, "kpa: Kokkos is not initialised (call kpa_init first)");
+      }
+      body();
+      Space().fence();
+      return Outcome{};
+    } catch (const InvalidArgument& e) {
+      return Outcome{e.status, e.what()};
+    } catch (const kpa::UnsupportedError& e) {
+      return Outcome{KPA_ERR_UNSUPPORTED, e.what()};
+    } catch (const kpa::Error& e) {
+      return Outcome{KPA_ERR_INVALID_ARGUMENT, e.what()};
+    } catch (const std::exception& e) {
+      return Outcome{KPA_ERR_RUNTIME, std::string("kpa: ") + e.what()};
+    } catch (...) {
+      return Outcome{KPA_ERR_RUNTIME, "kpa: unknown error"};
     }
-    body();
-    Space().fence();
-    return KPA_OK;
-  } catch (const InvalidArgument& e) {
-    last_error = e.what();
-    return e.status;
-  } catch (const kpa::UnsupportedError& e) {
-    last_error = e.what();
-    return KPA_ERR_UNSUPPORTED;
-  } catch (const kpa::Error& e) {
-    last_error = e.what();
-    return KPA_ERR_INVALID_ARGUMENT;
-  } catch (const std::exception& e) {
-    last_error = std::string("kpa: ") + e.what();
-    return KPA_ERR_RUNTIME;
-  } catch (...) {
-    last_error = "kpa: unknown error";
-    return KPA_ERR_RUNTIME;
-  }
+  };
+  const Outcome outcome = owner.load() == Owner::Kpa && !kokkos_thread.is_current() ? kokkos_thread.run(job) : job();
+  last_error = outcome.message;
+  return outcome.status;
 }
 
 template <class T>
@@ -175,23 +257,48 @@ extern "C" {
 
 int kpa_init(void) {
   last_error.clear();
-  if (Kokkos::is_initialized()) return KPA_OK;
-  try {
-    Kokkos::initialize();
-    kokkos_initialised_by_kpa = true;
+  const std::lock_guard<std::mutex> lock(lifetime_mutex);
+  if (owner.load() != Owner::None) return KPA_OK;
+  if (Kokkos::is_initialized()) {  // the host program's Kokkos, used from its threads
+    owner = Owner::Host;
     // A host program that finalises Kokkos itself must not leave kpa's workspace behind.
-    Kokkos::push_finalize_hook([] { workspace.reset(); });
+    Kokkos::push_finalize_hook([] {
+      const std::lock_guard<std::mutex> workspace_lock(workspace_mutex);
+      workspace.reset();
+      owner = Owner::None;
+    });
     return KPA_OK;
+  }
+  try {
+    const Outcome started = kokkos_thread.start();
+    if (started.status != KPA_OK) {
+      last_error = "kpa_init: " + started.message;
+      return started.status;
+    }
   } catch (const std::exception& e) {
     last_error = std::string("kpa_init: ") + e.what();
     return KPA_ERR_RUNTIME;
   }
+  owner = Owner::Kpa;
+  return KPA_OK;
 }
 
 void kpa_finalize(void) {
-  workspace.reset();
-  if (kokkos_initialised_by_kpa && Kokkos::is_initialized()) Kokkos::finalize();
-  kokkos_initialised_by_kpa = false;
+  const std::lock_guard<std::mutex> lock(lifetime_mutex);
+  if (owner.load() == Owner::Kpa) {
+    kokkos_thread.stop([] {
+      {
+        const std::lock_guard<std::mutex> workspace_lock(workspace_mutex);
+        workspace.reset();
+      }
+      Kokkos::finalize();
+      return Outcome{};
+    });
+  } else {
+    const std::lock_guard<std::mutex> workspace_lock(workspace_mutex);
+    workspace.reset();
+  }
+  owner = Owner::None;
 }
 
 const char* kpa_last_error(void) { return last_error.c_str(); }

@@ -160,6 +160,12 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
                                                     profile.subscription_factor);
   if (profile.max_blocks() > std::numeric_limits<int>::max() / 2) plan_error("device profile max_blocks is too large");
   if (shape.max_seq_len < 0) plan_error("max_seq_len must not be negative, got " + std::to_string(shape.max_seq_len));
+  if (shape.max_seq_len > std::numeric_limits<int>::max() - shape.block_size) {
+    plan_error("max_seq_len " + std::to_string(shape.max_seq_len) + " exceeds the supported maximum INT_MAX - block_size");
+  }
+  if (static_cast<long long>(shape.num_seqs) * shape.num_heads > std::numeric_limits<int>::max()) {
+    plan_error("num_seqs x num_heads exceeds the int range");
+  }
   if (shape.num_heads % shape.num_kv_heads != 0) {
     plan_error("num_heads (" + std::to_string(shape.num_heads) + ") is not a multiple of num_kv_heads (" +
                std::to_string(shape.num_kv_heads) + ")");

@@ -92,25 +92,42 @@ inline std::string path_name(const kpa::PlanOptions& options) {
   }
 }
 
-/// Builds the problem for `spec`, runs every version on every kernel path (kernel_paths) and
-/// compares each with the reference. v2 uses `partition_size`; the automatic path uses it too
-/// when `auto_partition` is set, and the planner's choice otherwise.
+template <class T, class Space, class C>
+void check_versions(DeviceProblem<T, Space, C>& d, const HostProblem& p, int partition_size,
+                    const kpa::PlanOptions& options = {}, bool auto_partition = true);
+
+/// Runs every version of `p` on every kernel path (kernel_paths) and compares each with the
+/// reference. v2 uses `partition_size`; the automatic path uses it too when `auto_partition` is
+/// set, and the planner's choice otherwise.
 template <class T, class Space, class C = T>
-void check_attention(const ProblemSpec& spec, int partition_size, const kpa::PlanOptions& options = {},
-                     bool auto_partition = true) {
-  const HostProblem p = make_problem<T>(spec);
-  const std::vector<double> ref = reference_attention(p);
+void check_attention_on(const HostProblem& p, int partition_size, const kpa::PlanOptions& options = {},
+                        bool auto_partition = true) {
   DeviceProblem<T, Space, C> d(p);
+  check_versions(d, p, partition_size, options, auto_partition);
+}
+
+/// The same for a problem already on the device (whose views a test may have replaced).
+template <class T, class Space, class C>
+void check_versions(DeviceProblem<T, Space, C>& d, const HostProblem& p, int partition_size,
+                    const kpa::PlanOptions& options, bool auto_partition) {
+  const std::vector<double> ref = reference_attention(p);
   kpa::Workspace<Space> workspace;
   for (const kpa::PlanOptions& path : kernel_paths<Space>(options)) {
     for (Version version : kAllVersions) {
       Kokkos::deep_copy(d.out, kpa::detail::from_float<T>(std::numeric_limits<float>::quiet_NaN()));
       run_version(version, d, version == Version::Auto && !auto_partition ? 0 : partition_size, path, workspace, p);
       expect_close_to_reference<T>(d.out, ref, std::string(version_name(version)) + ", " + path_name(path) +
-                                                   ", head_size " + std::to_string(spec.head_size) + " block_size " +
-                                                   std::to_string(spec.block_size));
+                                                   ", head_size " + std::to_string(p.head_size) + " block_size " +
+                                                   std::to_string(p.block_size));
     }
   }
+}
+
+/// The same for the problem `spec` describes.
+template <class T, class Space, class C = T>
+void check_attention(const ProblemSpec& spec, int partition_size, const kpa::PlanOptions& options = {},
+                     bool auto_partition = true) {
+  check_attention_on<T, Space, C>(make_problem<T>(spec), partition_size, options, auto_partition);
 }
 
 }  // namespace kpa_test

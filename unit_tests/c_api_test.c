@@ -1,10 +1,12 @@
 /* The C ABI from plain C: every entry point on a small f32 batch against a double-precision
- * reference written here, plus the error paths. Pointers are host memory, so this test runs on
- * builds whose default execution space is a host back end. */
+ * reference written here, the error paths, and 8 threads calling v1, v2 and the automatic entry
+ * point at once. Pointers are host memory, so this test runs on builds whose default execution
+ * space is a host back end. */
 
 #include <kpa/kpa.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,9 +63,79 @@ static double max_error(const float* got, double ref[SEQS][HEADS][HEAD]) {
   return worst;
 }
 
+static void* call_init(void* status) {
+  *(int*)status = kpa_init();
+  return NULL;
+}
+
+static void* call_finalize(void* unused) {
+  (void)unused;
+  kpa_finalize();
+  return NULL;
+}
+
+/* What one of the concurrent callers shares with main. */
+struct shared_inputs {
+  const float* query;
+  const float* key_cache;
+  const float* value_cache;
+  const int32_t* block_tables;
+  float scale;
+  double (*ref)[HEADS][HEAD];
+};
+
+struct caller {
+  const struct shared_inputs* in;
+  int failures;
+  double worst;
+};
+
+/* Calls v1, v2 and auto 20 times each from its own thread, with its own outputs. */
+static void* concurrent_caller(void* arg) {
+  struct caller* c = (struct caller*)arg;
+  const struct shared_inputs* in = c->in;
+  enum { P = 4, PS = 8 };
+  float out[SEQS][HEADS][HEAD], exp_sums[SEQS][HEADS][P], max_logits[SEQS][HEADS][P], tmp_out[SEQS][HEADS][P][HEAD];
+  for (int round = 0; round < 20; ++round) {
+    for (int version = 0; version < 3; ++version) {
+      memset(out, 0xff, sizeof out);
+      int status;
+      if (version == 0) {
+        status = kpa_paged_attention_v1(out, in->query, KPA_F32, in->key_cache, in->value_cache, KPA_F32, SEQS, HEADS,
+                                        KV_HEADS, HEAD, NUM_BLOCKS, BLOCK, in->block_tables, MAX_BLOCKS, seq_lens, 29,
+                                        in->scale, NULL, 1.0f, 1.0f, 0, NULL);
+      } else if (version == 1) {
+        status = kpa_paged_attention_v2(out, &exp_sums[0][0][0], &max_logits[0][0][0], tmp_out, P, PS, in->query,
+                                        KPA_F32, in->key_cache, in->value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, HEAD,
+                                        NUM_BLOCKS, BLOCK, in->block_tables, MAX_BLOCKS, seq_lens, 29, in->scale, NULL,
+                                        1.0f, 1.0f, 0, NULL);
+      } else {
+        status = kpa_paged_attention(out, in->query, KPA_F32, in->key_cache, in->value_cache, KPA_F32, SEQS, HEADS,
+                                     KV_HEADS, HEAD, NUM_BLOCKS, BLOCK, in->block_tables, MAX_BLOCKS, seq_lens, 29,
+                                     in->scale, NULL, 1.0f, 1.0f, 0, NULL);
+      }
+      const double err = max_error(&out[0][0][0], in->ref);
+      if (status != KPA_OK || !(err < 1e-5)) {
+        if (c->failures++ == 0) printf("thread: version %d status %d error %g (%s)\n", version, status, err, kpa_last_error());
+      }
+      if (!(err <= c->worst)) c->worst = err;
+    }
+  }
+  return NULL;
+}
+
 int main(void) {
-  CHECK(kpa_init() == KPA_OK, "kpa_init");
-  CHECK(kpa_init() == KPA_OK, "kpa_init twice");
+  /* kpa_init from 4 threads at once: one initialises, all succeed. */
+  {
+    pthread_t threads[4];
+    int status[4];
+    for (int t = 0; t < 4; ++t) CHECK(pthread_create(&threads[t], NULL, call_init, &status[t]) == 0, "pthread_create");
+    for (int t = 0; t < 4; ++t) {
+      pthread_join(threads[t], NULL);
+      CHECK(status[t] == KPA_OK, "concurrent kpa_init %d: %d", t, status[t]);
+    }
+  }
+  CHECK(kpa_init() == KPA_OK, "kpa_init again");
   CHECK(strlen(kpa_version()) > 0, "kpa_version");
 
   unsigned state = 12345u;
@@ -125,6 +197,26 @@ int main(void) {
     CHECK(max_error(&out[0][0][0], ref) < tolerance, "auto error %g", max_error(&out[0][0][0], ref));
   }
 
+  /* 8 threads at once, none of them the one that called kpa_init. */
+  {
+    enum { THREADS = 8 };
+    const struct shared_inputs in = {&query[0][0][0], &key_cache[0][0][0][0][0], &value_cache[0][0][0][0],
+                                     &block_tables[0][0], scale, ref};
+    pthread_t threads[THREADS];
+    struct caller callers[THREADS];
+    for (int t = 0; t < THREADS; ++t) {
+      callers[t].in = &in;
+      callers[t].failures = 0;
+      callers[t].worst = 0.0;
+      CHECK(pthread_create(&threads[t], NULL, concurrent_caller, &callers[t]) == 0, "pthread_create");
+    }
+    for (int t = 0; t < THREADS; ++t) {
+      pthread_join(threads[t], NULL);
+      CHECK(callers[t].failures == 0, "thread %d: %d failed calls, max error %g", t, callers[t].failures,
+            callers[t].worst);
+    }
+  }
+
   /* Errors: status codes and messages naming the problem. */
   int status = kpa_paged_attention_v1(out, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, 3, HEAD,
                                       NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, scale, NULL,
@@ -183,7 +275,17 @@ int main(void) {
   CHECK(max_error(&out[0][0][0], ref) < tolerance, "unchecked v1 error %g", max_error(&out[0][0][0], ref));
   CHECK(kpa_set_check_indices(1) == 0, "kpa_set_check_indices returns the previous setting");
 
-  kpa_finalize();
+  /* kpa_finalize from 4 threads at once; calls after it report that Kokkos is gone. */
+  {
+    pthread_t threads[4];
+    for (int t = 0; t < 4; ++t) CHECK(pthread_create(&threads[t], NULL, call_finalize, NULL) == 0, "pthread_create");
+    for (int t = 0; t < 4; ++t) pthread_join(threads[t], NULL);
+  }
+  status = kpa_paged_attention_v1(out, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, HEAD,
+                                  NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, scale, NULL, 1.0f,
+                                  1.0f, 0, NULL);
+  CHECK(status == KPA_ERR_RUNTIME && strstr(kpa_last_error(), "kpa_init") != NULL, "call after kpa_finalize: %d",
+        status);
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures == 0 ? 0 : 1;
 }

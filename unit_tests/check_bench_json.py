@@ -20,7 +20,9 @@ for r in results:
     expected_bytes = 2 * r["batch_size"] * r["seq_len"] * r["num_kv_heads"] * r["head_size"] * \
         (1 if r["kv_cache_dtype"] != "auto" else {"float": 4, "half": 2, "bfloat16": 2}[r["dtype"]])
     assert r["kv_bytes"] == expected_bytes, (r["kv_bytes"], expected_bytes)
-    assert r["roofline_pct"] > 0 and r["bandwidth_pct"] > 0, r  # no upper bound: the probes share a noisy machine
+    # A share of the machine's measured limits: above 100% the probes were wrong (or the time).
+    assert 0 < r["bandwidth_pct"] <= 100 and 0 < r["roofline_pct"] <= 100, (r["name"], r["bandwidth_pct"],
+                                                                              r["roofline_pct"])
     tolerance = {"float": 1e-5, "half": 1e-3, "bfloat16": 8e-3}[r["dtype"]]
     assert r["max_abs_err"] is not None and r["max_abs_err"] < tolerance, (r["name"], r["max_abs_err"])
     assert r["speedup_vs_naive"] is not None and r["speedup_vs_naive"] > 0, r

@@ -100,16 +100,74 @@ TYPED_TEST(ArgumentErrors, SeqLensNegativeTooLongOrBeyondTheTable) {
   f.all(columns * 16 + 1, f.d.params, "seq_lens[1] = " + std::to_string(columns * 16 + 1) + " needs more blocks");
 }
 
-TYPED_TEST(ArgumentErrors, CheckIndicesOffSkipsTheValuePass) {
+// With check_indices off the kernels trust seq_lens; a length beyond max_seq_len then makes a
+// call attend the sequence's first ceil(max_seq_len / partition_size) partitions, and nothing is
+// read or written past the views it was given. The v2 triple here is a window of larger arrays
+// whose other partitions hold NaN: reading one would show in the output.
+TYPED_TEST(ArgumentErrors, UncheckedLengthsBeyondMaxSeqLenStayInsideTheirPartitions) {
+  using Space = TypeParam;
+  using MS = typename Space::memory_space;
+  Fixture<Space, float> f(small_spec());  // sequence 0 holds 40 tokens
+  auto unchecked = f.d.params;
+  unchecked.check_indices = false;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Kokkos::View<float***, Kokkos::LayoutRight, MS> all_sums("sums", 3, 4, 4), all_maxes("maxes", 3, 4, 4);
+  Kokkos::View<float****, Kokkos::LayoutRight, MS> all_tmp("tmp", 3, 4, 4, 64);
+  Kokkos::deep_copy(all_sums, nan);
+  Kokkos::deep_copy(all_maxes, nan);
+  Kokkos::deep_copy(all_tmp, nan);
+  const auto first_two = std::pair<int, int>(0, 2);  // ceil(max_seq_len 20 / 16) partitions
+  const auto sums = Kokkos::subview(all_sums, Kokkos::ALL, Kokkos::ALL, first_two);
+  const auto maxes = Kokkos::subview(all_maxes, Kokkos::ALL, Kokkos::ALL, first_two);
+  const auto tmp = Kokkos::subview(all_tmp, Kokkos::ALL, Kokkos::ALL, first_two, Kokkos::ALL);
+  const auto v2 = [&](const kpa::AttentionParams& params) {
+    kpa::paged_attention_v2(Space(), f.d.out, sums, maxes, tmp, f.d.query, f.d.key_cache, f.d.value_cache,
+                            f.d.block_tables, f.d.seq_lens, 20, f.d.alibi, params, 16);
+  };
+  EXPECT_THROW(v2(f.d.params), kpa::Error);
+  v2(unchecked);
+  Space().fence();
+  // The expected result: sequence 0 over its first 32 tokens, the others whole.
+  std::vector<double> expected = reference_attention(f.host);
+  for (int h = 0; h < f.host.num_heads; ++h) {
+    const ReferencePart part = reference_part(f.host, 0, h, 0, 32);
+    for (int d = 0; d < f.host.head_size; ++d) expected[h * f.host.head_size + d] = part.out[d];
+  }
+  expect_close_to_reference<float>(f.d.out, expected, "v2, unchecked length beyond max_seq_len");
+  const auto host_sums = kpa::detail::compat::host_copy(all_sums);
+  for (int s = 0; s < 3; ++s)
+    for (int h = 0; h < 4; ++h)
+      for (int p = 2; p < 4; ++p) EXPECT_TRUE(std::isnan(host_sums(s, h, p))) << "exp_sums written past the view";
+  f.v1(20, unchecked);
+  expect_close_to_reference<float>(f.d.out, expected, "v1, unchecked length beyond max_seq_len");
+}
+
+// Sizes that would overflow int arithmetic inside the kernels are refused up front.
+TYPED_TEST(ArgumentErrors, SizesNearIntMaxAreRefused) {
   Fixture<TypeParam, float> f(small_spec());
+  const int near_max = std::numeric_limits<int>::max() - 1;
+  f.all(near_max, f.d.params, "exceeds the supported maximum");
+  auto unchecked = f.d.params;
+  unchecked.check_indices = false;
+  expect_error([&] { f.v1(near_max, unchecked); }, "exceeds the supported maximum");
+}
+
+// A block size of 0 with a block-sparse pattern is an error, not a division by zero.
+TYPED_TEST(ArgumentErrors, ZeroBlockSizeWithSparsityIsAnError) {
+  using Space = TypeParam;
+  using MS = typename Space::memory_space;
+  Fixture<Space, float> f(small_spec());
+  Kokkos::View<float*****, Kokkos::LayoutRight, MS> key_cache("k", 4, 2, 16, 0, 4);
+  Kokkos::View<float****, Kokkos::LayoutRight, MS> value_cache("v", 4, 2, 64, 0);
   auto params = f.d.params;
-  params.check_indices = false;
-  // max_seq_len below a sequence length goes unnoticed without the value pass (the kernels still
-  // read only the blocks seq_lens names, which are valid here).
-  EXPECT_NO_THROW(f.v1(20, params));
-  EXPECT_THROW(f.v1(20, f.d.params), kpa::Error);
-  f.v1(40, params);
-  expect_close_to_reference<float>(f.d.out, reference_attention(f.host), "v1 without index checks");
+  params.block_sparse.vert_stride = 4;
+  params.block_sparse.block_size = 16;
+  expect_error(
+      [&] {
+        kpa::paged_attention_v1(Space(), f.d.out, f.d.query, key_cache, value_cache, f.d.block_tables, f.d.seq_lens,
+                                40, f.d.alibi, params);
+      },
+      "block_size (key_cache.extent(3)) must be positive, got 0");
 }
 
 TYPED_TEST(ArgumentErrors, KvCacheDtypeMustMatchTheCacheElement) {

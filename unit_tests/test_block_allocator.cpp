@@ -4,6 +4,7 @@
 #include "attention_runner.hpp"
 #include "test_spaces.hpp"
 
+#include <limits>
 #include <map>
 #include <random>
 
@@ -97,6 +98,23 @@ TEST(BlockAllocator, ExhaustionIsAnErrorThatChangesNothing) {
   EXPECT_THROW(allocator.fork(9, 10), kpa::Error);
   EXPECT_THROW(allocator.ref_count(3), kpa::Error);
   EXPECT_THROW(kpa::BlockAllocator(4, 0), kpa::Error);
+}
+
+// Lengths stay ints: an append past INT_MAX tokens is an error that changes nothing (it used to
+// wrap the length).
+TEST(BlockAllocator, LengthsBeyondIntMaxAreRefused) {
+  kpa::BlockAllocator allocator(4, 1 << 30);
+  allocator.add_sequence(1);
+  allocator.append_tokens(1, 1);
+  try {
+    allocator.append_tokens(1, std::numeric_limits<int>::max());
+    ADD_FAILURE() << "appended past INT_MAX tokens";
+  } catch (const kpa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("would hold 2147483648 tokens, more than INT_MAX"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(allocator.seq_len(1), 1);
+  EXPECT_EQ(allocator.num_free_blocks(), 3);
 }
 
 template <class Space>

@@ -6,6 +6,7 @@ numpy reference, and the error paths.
 """
 import ctypes
 import sys
+import threading
 
 import numpy as np
 
@@ -132,6 +133,38 @@ def cached_tokens(key_cache, value_cache, k_scale, v_scale):
     assert x == 16
     return k_seq, v_seq
 
+
+# 8 Python threads at once (ctypes drops the GIL during the calls), none of them the thread that
+# called kpa_init, each through v1, v2 and auto with its own outputs.
+expected_f16 = reference(keys, values)
+thread_errors = []
+
+
+def caller():
+    for _ in range(10):
+        for name in ("v1", "v2", "auto"):
+            out = np.full((seqs, heads, head), np.nan, dtype=np.float16)
+            args = attention_args(key_cache, value_cache, KPA_F16)
+            if name == "v2":
+                sums = np.empty((seqs, heads, 4), dtype=np.float32)
+                maxes = np.empty_like(sums)
+                tmp = np.empty((seqs, heads, 4, head), dtype=np.float16)
+                status = lib.kpa_paged_attention_v2(ptr(out), ptr(sums), ptr(maxes), ptr(tmp), 4, 32, ptr(query), *args)
+            elif name == "v1":
+                status = lib.kpa_paged_attention_v1(ptr(out), ptr(query), *args)
+            else:
+                status = lib.kpa_paged_attention(ptr(out), ptr(query), *args)
+            error = np.abs(out.astype(np.float64) - expected_f16).max()
+            if status != KPA_OK or not error < 1e-3:
+                thread_errors.append(f"{name}: status {status}, error {error}")
+
+
+threads = [threading.Thread(target=caller) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+check(not thread_errors, f"8 concurrent threads: {thread_errors[:3]}")
 
 # fp8 E4M3 cache: quantised on write (each code checked against the rounded value), attention
 # against the reference over the dequantised cache (f16 output tolerance) and within vLLM's fp8

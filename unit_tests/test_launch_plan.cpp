@@ -6,6 +6,7 @@
 #include <kpa/kpa.hpp>
 
 #include <cstdlib>
+#include <limits>
 #include <set>
 #include <tuple>
 #include <sstream>
@@ -230,6 +231,12 @@ TEST(LaunchPlan, OverridesAndBadShapes) {
   EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 3, 100)), kpa::Error);
   EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 8, -1)), kpa::Error);
   EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 8, 10, 0)), kpa::Error);
+  // Products and token counts that would overflow int are refused.
+  EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 8, std::numeric_limits<int>::max())), kpa::Error);
+  EXPECT_THROW(kpa::plan_launch(profile, shape(1 << 20, 1 << 12, 1 << 12, 16)), kpa::Error);
+  options = {};
+  options.partition_size = 16;
+  EXPECT_THROW(kpa::plan_launch(profile, shape(1 << 16, 1 << 12, 1 << 12, 1 << 10), options), kpa::Error);  // tiles
 }
 
 TEST(LaunchPlan, PrintsTheDeviceProfile) {

@@ -3,6 +3,10 @@
 #include "attention_runner.hpp"
 #include "test_spaces.hpp"
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 namespace {
 
 using namespace kpa_test;
@@ -211,6 +215,27 @@ TYPED_TEST(PagedAttention, RepeatedCallsAreBitwiseIdenticalAndReuseTheWorkspace)
   for (int s = 0; s < 2; ++s)
     for (int h = 0; h < p.num_heads; ++h)
       for (int dim = 0; dim < p.head_size; ++dim) ASSERT_EQ(some_out(s, h, dim), all_out(s + 1, h, dim));
+}
+
+// Threads sharing a workspace take turns: a second holder waits until the first lets go.
+TYPED_TEST(PagedAttention, WorkspaceHoldersTakeTurns) {
+  using Space = TypeParam;
+  kpa::Workspace<Space> workspace;
+  std::atomic<bool> waiting{false}, released{false}, second_saw_release{false};
+  {
+    auto held = workspace.acquire(Space());
+    std::thread second([&] {
+      waiting = true;
+      auto mine = workspace.acquire(Space());
+      second_saw_release = released.load();
+    });
+    while (!waiting) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the second is blocked in acquire
+    released = true;
+    held.unlock();
+    second.join();
+  }
+  EXPECT_TRUE(second_saw_release);
 }
 
 TYPED_TEST(PagedAttention, EmptyBatchIsANoOp) {

@@ -13,6 +13,11 @@
  * - cache_dtype equals dtype for "auto" caches; KPA_FP8_E4M3 / KPA_FP8_E5M2 for one-byte caches.
  * - Calls are synchronous. 0 (KPA_OK) is success; otherwise a kpa_status, with a message from
  *   kpa_last_error() (per thread, valid until the thread's next kpa call).
+ * - Threads: after kpa_init, any thread may call, concurrently: when kpa_init started Kokkos, it
+ *   did so on a thread of its own, which runs every call in turn (Kokkos' host back ends accept
+ *   parallel work only from the thread that initialised them). When the host program initialised
+ *   Kokkos first, calls run on the calling thread, so make them from threads Kokkos accepts.
+ *   kpa_init and kpa_finalize are safe to call from several threads at once.
  */
 #ifndef KPA_KPA_H
 #define KPA_KPA_H
@@ -36,7 +41,7 @@ typedef struct {
   int local_blocks, vert_stride, block_size, head_sliding_step;
 } kpa_block_sparse;
 
-/* Initialises Kokkos unless the host program already did; idempotent. */
+/* Initialises Kokkos (on a thread of kpa's own) unless the host program already did; idempotent. */
 int kpa_init(void);
 /* Releases kpa's workspace and finalises Kokkos if kpa_init initialised it. */
 void kpa_finalize(void);

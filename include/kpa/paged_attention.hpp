@@ -12,6 +12,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
 
 namespace kpa {
 
@@ -24,7 +27,9 @@ LaunchPlan plan_launch(const Space& space, const ProblemShape& shape, const Plan
 }
 
 /// Partition temporaries of the automatic entry point. Default-constructible; grows when a call
-/// needs more, and reuses its memory for every call of the same or a smaller shape.
+/// needs more, and reuses its memory for every call of the same or a smaller shape. Calls from
+/// several threads sharing one take turns with it, and a call on another instance of the space
+/// first waits for the instance that used it last.
 template <class Space>
 class Workspace {
  public:
@@ -41,6 +46,16 @@ class Workspace {
   };
 
   Workspace() = default;
+  Workspace(Workspace&&) = default;
+  Workspace& operator=(Workspace&&) = default;
+
+  /// Holds the workspace for one call, from planning to its last enqueued kernel.
+  std::unique_lock<std::mutex> acquire(const Space& space) {
+    std::unique_lock<std::mutex> lock(*mutex_);
+    if (last_space_ && !detail::compat::same_instance(space, *last_space_)) last_space_->fence();
+    last_space_ = space;
+    return lock;
+  }
 
   /// Views over the workspace for [num_seqs, num_heads, num_partitions(, head_size)], with
   /// tmp_out of element type TmpT.
@@ -72,6 +87,8 @@ class Workspace {
   Kokkos::View<float*, memory_space> buffer_;
   int allocations_ = 0;
   LaunchPlan last_plan_;
+  std::unique_ptr<std::mutex> mutex_ = std::make_unique<std::mutex>();
+  std::optional<Space> last_space_;
 };
 
 namespace detail {
@@ -187,6 +204,7 @@ void paged_attention(const Space& space, Workspace<Space>& workspace, const OutV
   auto args = detail::attention_args<Space, T>(out, query, key_cache, value_cache, block_tables, seq_lens,
                                                alibi_slopes);
   detail::check_indices(call, space, args, shape, static_cast<int>(key_cache.extent(0)), params);
+  const auto held = workspace.acquire(space);
   const LaunchPlan plan = detail::plan_attention<Space, CacheT, T, T>(call, space, shape, options, params.kv_cache_dtype);
   workspace.set_last_plan(plan);
   if (plan.single_partition) {

@@ -2,18 +2,26 @@
 // The machine's limits, measured by Kokkos kernels on the execution space the benchmark runs
 // on, so that "% of bandwidth" and "% of roofline" mean the same on any machine:
 //   read bandwidth: a reduction over a 512 MiB buffer (far larger than any cache); on hosts each
-//     work item sums 1024 consecutive floats into 16 independent partial sums, on GPUs each sums
-//     one 16-byte vector (neighbouring threads, neighbouring vectors); best of 5 runs;
-//   FMA throughput: every work item runs 64 independent multiply-add chains in registers for
-//     2^14 steps (enough chains to cover the FMA latency); best of 5 runs, 2 FLOP per FMA.
+//     work item sums 1024 consecutive floats (x86: in 8 AVX2 or 4 AVX-512 accumulators, the
+//     widest the CPU has; elsewhere 16 partial sums), on GPUs each sums one 16-byte vector
+//     (neighbouring threads, neighbouring vectors); best of 5 runs;
+//   FMA throughput: every work item runs independent multiply-add chains in registers (x86: 16
+//     vector chains of the widest width; elsewhere 64 scalar chains for the compiler to
+//     vectorise), enough to cover the FMA latency; best of 5 runs, 2 FLOP per FMA.
 
+#include <kpa/detail/host_isa.hpp>
 #include <kpa/detail/kokkos_compat.hpp>
+
+#ifdef KPA_IMPL_X86_KERNELS
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace kpa_bench {
 
@@ -38,6 +46,79 @@ double best_seconds(int runs, const Space& space, const std::function<void()>& b
   return best;
 }
 
+#ifdef KPA_IMPL_X86_KERNELS
+// Hand-vectorised probes for x86 hosts, with target attributes (whatever kpa-bench's flags): the
+// limits are those of the widest vector instructions the CPU has, which is what a plain
+// intrinsics loop would measure.
+namespace x86 {
+
+/// The sum of n floats (n a multiple of 64) through 8 independent vector accumulators.
+__attribute__((target("avx2"))) inline float read_sum_avx2(const float* p, std::int64_t n) {
+  __m256 acc[8];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i < n; i += 64)
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_add_ps(acc[j], _mm256_loadu_ps(p + i + 8 * j));
+  for (int j = 1; j < 8; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc[0]);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
+}
+
+__attribute__((target("avx512f"))) inline float read_sum_avx512(const float* p, std::int64_t n) {
+  __m512 acc[4];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (std::int64_t i = 0; i < n; i += 64)
+    for (int j = 0; j < 4; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_loadu_ps(p + i + 16 * j));
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+/// kChains independent vector FMA chains of `steps` steps; returns their sum (kept live).
+constexpr int kChains = 16;
+__attribute__((target("avx2,fma"))) inline float fma_chains_avx2(float seed, int steps) {
+  __m256 acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = _mm256_set1_ps(seed + static_cast<float>(j));
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int s = 0; s < steps; ++s)
+    for (int j = 0; j < kChains; ++j) acc[j] = _mm256_fmadd_ps(acc[j], a, b);
+  for (int j = 1; j < kChains; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc[0]);
+  return lanes[0] + lanes[7];
+}
+
+__attribute__((target("avx512f"))) inline float fma_chains_avx512(float seed, int steps) {
+  __m512 acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = _mm512_set1_ps(seed + static_cast<float>(j));
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int s = 0; s < steps; ++s)
+    for (int j = 0; j < kChains; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
+  for (int j = 1; j < kChains; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+
+/// Vector width in floats of the widest probe this CPU runs: 16 (AVX-512F), 8 (AVX2 + FMA), 0.
+inline int probe_width() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return 16;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 8;
+  return 0;
+}
+
+}  // namespace x86
+#endif
+
+/// How the probes ran: "avx512", "avx2" (hand-vectorised) or "kokkos" (plain Kokkos loops).
+template <class Space>
+std::string probe_kind() {
+#ifdef KPA_IMPL_X86_KERNELS
+  if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+    const int width = x86::probe_width();
+    if (width > 0) return width == 16 ? "avx512" : "avx2";
+  }
+#endif
+  return "kokkos";
+}
+
 template <class Space>
 MachineLimits measure_machine_limits(const Space& space) {
   MachineLimits limits;
@@ -49,14 +130,28 @@ MachineLimits measure_machine_limits(const Space& space) {
       KOKKOS_LAMBDA(std::int64_t i) { buffer(i) = static_cast<float>(i & 7); });
   float total = 0.0f;
   constexpr bool host = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible;
+  int width = 0;
+#ifdef KPA_IMPL_X86_KERNELS
+  if constexpr (host) width = x86::probe_width();
+#endif
   const double read_seconds = best_seconds(5, space, [&] {
     if constexpr (host) {  // a core streams a contiguous chunk into vector registers
       Kokkos::parallel_reduce(
           "kpa_bench::read_bandwidth",
           Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(space, 0, floats / chunk),
           KOKKOS_LAMBDA(std::int64_t c, float& sum) {
-            float lanes[16] = {};
             const float* p = buffer.data() + c * chunk;
+#ifdef KPA_IMPL_X86_KERNELS
+            if (width == 16) {
+              sum += x86::read_sum_avx512(p, chunk);
+              return;
+            }
+            if (width == 8) {
+              sum += x86::read_sum_avx2(p, chunk);
+              return;
+            }
+#endif
+            float lanes[16] = {};
             for (int i = 0; i < chunk; i += 16)
               for (int j = 0; j < 16; ++j) lanes[j] += p[i + j];
             for (int j = 0; j < 16; ++j) sum += lanes[j];
@@ -78,10 +173,21 @@ MachineLimits measure_machine_limits(const Space& space) {
   // Host: many items per thread; GPU: a few per resident thread (concurrency counts those).
   const std::int64_t items = std::int64_t{space.concurrency()} * (host ? 256 : 4);
   Kokkos::View<float*, typename Space::memory_space> sink("kpa_bench::fma_sink", items);
+  double flop_per_item = 2.0 * chains * steps;
+#ifdef KPA_IMPL_X86_KERNELS
+  if (width > 0) flop_per_item = 2.0 * x86::kChains * width * (steps / 4);
+#endif
   const double fma_seconds = best_seconds(5, space, [&] {
     Kokkos::parallel_for(
         "kpa_bench::fma_throughput", Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(space, 0, items),
         KOKKOS_LAMBDA(std::int64_t item) {
+#ifdef KPA_IMPL_X86_KERNELS
+          if (width > 0) {
+            const float seed = static_cast<float>(item) * 1e-3f;
+            sink(item) = width == 16 ? x86::fma_chains_avx512(seed, steps / 4) : x86::fma_chains_avx2(seed, steps / 4);
+            return;
+          }
+#endif
           float acc[chains];
           for (int j = 0; j < chains; ++j) acc[j] = static_cast<float>(item + j) * 1e-3f;
           const float a = 0.999999f, b = 1e-7f;
@@ -92,8 +198,32 @@ MachineLimits measure_machine_limits(const Space& space) {
           sink(item) = sum;
         });
   });
-  limits.flop_per_s = 2.0 * chains * steps * static_cast<double>(items) / fma_seconds;
+  limits.flop_per_s = flop_per_item * static_cast<double>(items) / fma_seconds;
   return limits;
 }
+
+/// Evicts the caches before a timed call by rewriting a buffer far larger than any of them, so
+/// every call meets its KV cache in memory, as a decode step does in serving (each layer's cache
+/// is long gone from the caches by the next step).
+template <class Space>
+class CacheFlusher {
+ public:
+  explicit CacheFlusher(const Space& space)
+      : space_(space),
+        buffer_(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kpa_bench::cache_flush"),
+                (std::int64_t{256} << 20) / sizeof(float)) {}
+
+  void operator()() const {
+    const auto buffer = buffer_;
+    Kokkos::parallel_for(
+        "kpa_bench::cache_flush", Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(space_, 0, buffer.extent(0)),
+        KOKKOS_LAMBDA(std::int64_t i) { buffer(i) = static_cast<float>(i); });
+    space_.fence();
+  }
+
+ private:
+  Space space_;
+  Kokkos::View<float*, typename Space::memory_space> buffer_;
+};
 
 }  // namespace kpa_bench

@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <iostream>
 #include <numeric>
 #include <optional>
@@ -46,7 +48,7 @@ struct Options {
   bool custom = false;
   std::uint64_t seed = 0;
   int warmup = 2, iters = 10, baseline_iters = 3;
-  bool check = false, baselines = true;
+  bool check = false, baselines = true, warm_cache = false;
   std::string json, csv;
 };
 
@@ -84,6 +86,8 @@ workload (any of these selects a custom run; lists and ranges make a sweep):
   --device-profile NAME         plan as bi-v100, host:N or NAME:SMS:OCC:SUB (KPA_DEVICE_PROFILE)
 run:
   --seed S  --warmup N  --iters N  --baseline-iters N  --no-baselines
+  --warm-cache                  do not evict the caches before each timed call (by default a
+                                256 MiB buffer is rewritten first, as serving meets a cold cache)
   --check                       compare a sample with the float64 reference, print the max error
   --json FILE  --csv FILE       write the results
 )";
@@ -196,6 +200,8 @@ Options parse(int argc, char** argv) {
       o.iters = number();
     } else if (arg == "--baseline-iters") {
       o.baseline_iters = number();
+    } else if (arg == "--warm-cache") {
+      o.warm_cache = true;
     } else if (arg == "--no-baselines") {
       o.baselines = false;
     } else if (arg == "--check") {
@@ -307,12 +313,16 @@ class Bench {
     return os.str();
   }
 
+  /// Called before every timed call (CacheFlusher unless --warm-cache).
+  std::function<void()> before_each = [] {};
+
   template <class Body>
   std::vector<double> time_us(int warmup, int iters, Body&& body) {
     for (int i = 0; i < warmup; ++i) body();
     Space().fence();
     std::vector<double> times;
     for (int i = 0; i < iters; ++i) {
+      before_each();
       const auto start = std::chrono::steady_clock::now();
       body();
       Space().fence();
@@ -422,12 +432,17 @@ class Bench {
   kpa::Workspace<Space> workspace_;
 };
 
-Result run_workload(const Workload& w, const Options& o, const MachineLimits& limits) {
+Result run_workload(const Workload& w, const Options& o, const MachineLimits& limits,
+                    const std::shared_ptr<CacheFlusher<Space>>& flush) {
   const bool fp8 = w.kv_cache_dtype != "auto";
   auto go = [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
-    if (fp8) return Bench<T, std::uint8_t>(w, o.seed).run(o, limits);
-    return Bench<T, T>(w, o.seed).run(o, limits);
+    auto run = [&](auto&& bench) {
+      if (flush) bench.before_each = [flush] { (*flush)(); };
+      return bench.run(o, limits);
+    };
+    if (fp8) return run(Bench<T, std::uint8_t>(w, o.seed));
+    return run(Bench<T, T>(w, o.seed));
   };
   if (w.dtype == "float") return go(static_cast<float*>(nullptr));
   if (w.dtype == "bfloat16") return go(static_cast<kpa::bfloat16*>(nullptr));
@@ -504,6 +519,7 @@ void write_csv(const std::string& path, const std::vector<Result>& results) {
 int run(const Options& o) {
   std::fprintf(stderr, "[kpa-bench] measuring the machine's read bandwidth and FMA throughput\n");
   const MachineLimits limits = measure_machine_limits(Space());
+  const auto flush = o.warm_cache ? std::shared_ptr<CacheFlusher<Space>>() : std::make_shared<CacheFlusher<Space>>(Space());
   std::vector<Result> results;
   for (std::size_t i = 0; i < o.workloads.size(); ++i) {
     const Workload& w = o.workloads[i];
@@ -511,7 +527,7 @@ int run(const Options& o) {
                  o.workloads.size(), w.name.c_str(), w.version.c_str(), w.batch_size, w.seq_len, w.num_query_heads,
                  w.num_kv_heads, w.head_size, w.kv_cache_dtype == "auto" ? w.dtype.c_str() : w.kv_cache_dtype.c_str());
     try {
-      results.push_back(run_workload(w, o, limits));
+      results.push_back(run_workload(w, o, limits, flush));
     } catch (const kpa::Error& e) {
       std::fprintf(stderr, "kpa-bench: %s: %s\n", w.name.c_str(), e.what());
       return 2;

@@ -75,6 +75,13 @@ auto host_copy(const View& view) {
   return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
 }
 
+/// Whether two instances of a space are one (their work runs in order). Kokkos 3.4 numbers
+/// every instance 0; its CUDA instances differ by stream.
+template <class Space>
+bool same_instance(const Space& a, const Space& b) {
+  return a.impl_instance_id() == b.impl_instance_id();
+}
+
 /// Streaming multiprocessor count of the device behind `space`; 0 for host back ends.
 template <class Space>
 int device_sm_count(const Space&) {
@@ -106,6 +113,8 @@ int resident_teams_per_sm(const Space&, const Policy&, std::size_t) {
 inline int device_sm_count(const Kokkos::Cuda& space) { return space.cuda_device_prop().multiProcessorCount; }
 
 inline std::string device_name(const Kokkos::Cuda& space) { return space.cuda_device_prop().name; }
+
+inline bool same_instance(const Kokkos::Cuda& a, const Kokkos::Cuda& b) { return a.cuda_stream() == b.cuda_stream(); }
 
 inline int device_max_threads_per_team(const Kokkos::Cuda& space) {
   return space.cuda_device_prop().maxThreadsPerBlock;

@@ -44,6 +44,10 @@ struct SoftmaxState {
   /// makes the sum NaN, so corrupt data shows in the output instead of vanishing.
   KOKKOS_INLINE_FUNCTION void add(float logit) {
     if (logit == -compat::infinity()) return;
+    if (logit != logit) {  // NaN (a quiet comparison: an ordered one would raise FE_INVALID)
+      exp_sum = logit;
+      return;
+    }
     if (logit > max_logit) {
       exp_sum = exp_sum * compat::exp(max_logit - logit) + 1.0f;
       max_logit = logit;

@@ -175,6 +175,10 @@ ProblemShape check_attention_args(const char* call, const OutView& out, const Qu
     fail(call, "alibi_slopes has ", alibi_slopes.extent(0), " entries, expected 0 or num_heads = ", shape.num_heads);
   }
   if (max_seq_len < 0) fail(call, "max_seq_len must not be negative, got ", max_seq_len);
+  if (max_seq_len > std::numeric_limits<int>::max() - shape.block_size) {  // token counts stay ints
+    fail(call, "max_seq_len ", max_seq_len, " exceeds the supported maximum ",
+         std::numeric_limits<int>::max() - shape.block_size, " (INT_MAX - block_size)");
+  }
   const BlockSparse& sparse = params.block_sparse;
   if (sparse.vert_stride > 1) {
     if (sparse.block_size <= 0 || sparse.block_size % shape.block_size != 0) {
