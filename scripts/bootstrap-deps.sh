@@ -3,6 +3,8 @@
 #
 #   scripts/bootstrap-deps.sh [PREFIX]          host Kokkos (default PREFIX: <repo>/.deps/install)
 #   scripts/bootstrap-deps.sh --cuda [PREFIX]   CUDA Kokkos (default PREFIX: <repo>/.deps/install-cuda)
+#   scripts/bootstrap-deps.sh --clang [PREFIX]  Serial Kokkos built with clang, for the libFuzzer
+#                                               target (default PREFIX: <repo>/.deps/install-clang)
 #
 # With KPA_SKIP_KOKKOS=1 only the distribution packages are installed (for builds against a
 # Kokkos given through Kokkos_ROOT). With KPA_OFFLINE=1 nothing is installed or fetched: the
@@ -15,16 +17,21 @@
 # - --cuda: Kokkos (Serial + OpenMP + CUDA, architecture KPA_CUDA_ARCH, default AMPERE80) with
 #   scripts/patches/kokkos-3.4.1-cuda13.patch applied, built into PREFIX once (about 6 MB);
 #   nvcc must be on PATH or in /usr/local/cuda/bin. Kokkos Kernels is not built for it.
+# - --clang: clang and its sanitizer and libFuzzer runtimes from the distribution, and Kokkos
+#   (Serial only: clang's OpenMP runtime is not the one the host prefix links) built with clang.
 # Later runs reuse a complete prefix. The deb-src entry is derived from the machine's own apt
 # sources, so no archive host is written down anywhere in the project.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cuda=0
-if [ "${1:-}" = "--cuda" ]; then cuda=1; shift; fi
-if [ "$cuda" = 1 ]; then prefix=${1:-$repo/.deps/install-cuda}; else prefix=${1:-$repo/.deps/install}; fi
+mode=host
+case "${1:-}" in
+  --cuda) mode=cuda; shift ;;
+  --clang) mode=clang; shift ;;
+esac
+prefix=${1:-$repo/.deps/install$([ "$mode" = host ] || echo "-$mode")}
 src=$repo/.deps/src
-work=$repo/.deps/work-$([ "$cuda" = 1 ] && echo cuda || echo host)
+work=$repo/.deps/work-$mode
 cuda_arch=${KPA_CUDA_ARCH:-AMPERE80}
 log() { printf '[kpa deps] %s\n' "$*" >&2; }
 
@@ -38,9 +45,11 @@ apt_update_once() {
   if [ "$apt_updated" -eq 0 ]; then as_root apt-get update -qq >&2; apt_updated=1; fi
 }
 
+# install_packages [PACKAGE...]: the given packages, or the ones every build needs.
 install_packages() {
-  local missing=()
-  for pkg in g++ gcc cmake make libgtest-dev libbenchmark-dev dpkg-dev xz-utils patch python3 python3-numpy; do
+  local missing=() wanted=("$@")
+  [ "${#wanted[@]}" -gt 0 ] || wanted=(g++ gcc cmake make libgtest-dev libbenchmark-dev dpkg-dev xz-utils patch python3 python3-numpy)
+  for pkg in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
   done
   if [ "${#missing[@]}" -gt 0 ]; then
@@ -112,6 +121,18 @@ build_host() {
   rm -rf "$work"
 }
 
+build_clang() {
+  log "building Kokkos (Serial) with clang into $prefix"
+  rm -rf "$work"; mkdir -p "$work"
+  cmake -S "$src/kokkos" -B "$work/build-kokkos" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_CXX_STANDARD=17 -DCMAKE_CXX_EXTENSIONS=OFF \
+    -DKokkos_ENABLE_SERIAL=ON -DBUILD_SHARED_LIBS=ON >&2
+  cmake --build "$work/build-kokkos" -j "$(nproc)" >&2
+  cmake --install "$work/build-kokkos" >&2
+  echo clang > "$prefix/.kpa-deps-complete"
+  rm -rf "$work"
+}
+
 build_cuda() {
   command -v nvcc >/dev/null || { log "nvcc is not on PATH or in /usr/local/cuda/bin"; exit 1; }
   log "building Kokkos (Serial, OpenMP, CUDA $cuda_arch) into $prefix"
@@ -135,17 +156,23 @@ build_cuda() {
   rm -rf "$work"
 }
 
-[ "${KPA_OFFLINE:-0}" = 1 ] || install_packages
-[ "$cuda" = 1 ] && [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
+if [ "${KPA_OFFLINE:-0}" != 1 ]; then
+  install_packages
+  [ "$mode" = clang ] && install_packages clang libclang-rt-14-dev
+fi
+[ "$mode" = cuda ] && [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
 if [ "${KPA_SKIP_KOKKOS:-0}" = 1 ]; then
   exit 0
 fi
-wanted=$([ "$cuda" = 1 ] && echo "cuda $cuda_arch" || echo host)
+case "$mode" in
+  cuda) wanted="cuda $cuda_arch" ;;
+  *) wanted=$mode ;;
+esac
 if [ -f "$prefix/.kpa-deps-complete" ] && [ "$(cat "$prefix/.kpa-deps-complete")" = "$wanted" ]; then
   log "reusing Kokkos in $prefix ($wanted)"
 else
   [ -f "$prefix/.kpa-deps-complete" ] && rm -rf "$prefix"  # a prefix of ours, for another configuration
   fetch_sources
-  if [ "$cuda" = 1 ]; then build_cuda; else build_host; fi
+  "build_$mode"
 fi
 echo "$prefix"

@@ -5,6 +5,7 @@
 #include <kpa/kpa.h>
 #include <kpa/kpa.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <condition_variable>
@@ -37,42 +38,51 @@ struct Outcome {
 /// thread is handed to this one and waited for; concurrent calls take turns.
 class KokkosThread {
  public:
-  /// Starts the thread and initialises Kokkos on it.
-  Outcome start() {
+  /// Starts the thread and runs `first` (Kokkos::initialize) on it; the thread ends if that fails.
+  template <class Job>
+  Outcome start(Job&& first) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      accepting_ = true;
+    }
     thread_ = std::thread([this] { loop(); });
-    return run([] {
-      Kokkos::initialize();
-      return Outcome{};
-    });
+    id_ = thread_.get_id();
+    Outcome outcome = run(std::forward<Job>(first));
+    if (outcome.status != KPA_OK) stop([] { return Outcome{}; });
+    return outcome;
   }
 
-  /// Runs `job` on the thread and returns its outcome.
+  /// Runs `job` on the thread and returns its outcome; once stop() has begun, refuses it.
   template <class Job>
   Outcome run(Job&& job) {
     std::packaged_task<Outcome()> task(std::forward<Job>(job));
     std::future<Outcome> result = task.get_future();
     {
       const std::lock_guard<std::mutex> lock(mutex_);
+      if (!accepting_) return Outcome{KPA_ERR_RUNTIME, "kpa: Kokkos is not initialised (call kpa_init first)"};
       jobs_.push_back(std::move(task));
     }
     wake_.notify_one();
     return result.get();
   }
 
-  /// Runs `last` on the thread, then ends it.
+  /// Runs `last` after every job already queued, then ends the thread.
   template <class Job>
   void stop(Job&& last) {
-    run(std::forward<Job>(last));
+    std::packaged_task<Outcome()> task(std::forward<Job>(last));
+    std::future<Outcome> done = task.get_future();
     {
       const std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
+      jobs_.push_back(std::move(task));
+      accepting_ = false;
     }
     wake_.notify_one();
+    done.wait();
     thread_.join();
-    stopping_ = false;
+    id_ = std::thread::id();
   }
 
-  bool is_current() const { return std::this_thread::get_id() == thread_.get_id(); }
+  bool is_current() const { return std::this_thread::get_id() == id_.load(); }
 
  private:
   void loop() {
@@ -80,8 +90,8 @@ class KokkosThread {
       std::packaged_task<Outcome()> job;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stopping, nothing left
+        wake_.wait(lock, [this] { return !accepting_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopped, nothing left
         job = std::move(jobs_.front());
         jobs_.pop_front();
       }
@@ -90,10 +100,11 @@ class KokkosThread {
   }
 
   std::thread thread_;
+  std::atomic<std::thread::id> id_{};
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::packaged_task<Outcome()>> jobs_;
-  bool stopping_ = false;
+  bool accepting_ = false;
 };
 
 /// Who owns Kokkos: nobody yet, kpa (through kpa_init, on a KokkosThread), or the host program
@@ -269,15 +280,22 @@ int kpa_init(void) {
     });
     return KPA_OK;
   }
+  Outcome started;
   try {
-    const Outcome started = kokkos_thread.start();
-    if (started.status != KPA_OK) {
-      last_error = "kpa_init: " + started.message;
-      return started.status;
-    }
-  } catch (const std::exception& e) {
-    last_error = std::string("kpa_init: ") + e.what();
-    return KPA_ERR_RUNTIME;
+    started = kokkos_thread.start([] {
+      try {
+        Kokkos::initialize();
+        return Outcome{};
+      } catch (const std::exception& e) {
+        return Outcome{KPA_ERR_RUNTIME, e.what()};
+      }
+    });
+  } catch (const std::exception& e) {  // no thread could be started
+    started = Outcome{KPA_ERR_RUNTIME, e.what()};
+  }
+  if (started.status != KPA_OK) {
+    last_error = "kpa_init: " + started.message;
+    return started.status;
   }
   owner = Owner::Kpa;
   return KPA_OK;
@@ -304,6 +322,17 @@ void kpa_finalize(void) {
 const char* kpa_last_error(void) { return last_error.c_str(); }
 
 const char* kpa_version(void) { return kpa::version_string; }
+
+const char* kpa_host_isa(void) {
+  if constexpr (!Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) return "device";
+  try {
+    const kpa::HostIsa best = std::min(kpa::detail::cpu_host_isa(), kpa::detail::kCompiledHostIsa);
+    return kpa::to_string(kpa::detail::chosen_host_isa(best)).data();
+  } catch (const kpa::Error& e) {  // a KPA_HOST_ISA this CPU cannot run
+    last_error = e.what();
+    return "";
+  }
+}
 
 int kpa_set_check_indices(int enabled) { return check_indices.exchange(enabled != 0) ? 1 : 0; }
 

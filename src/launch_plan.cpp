@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstdlib>
 #include <limits>
 #include <ostream>
 #include <sstream>
@@ -96,6 +97,40 @@ int auto_partition_size(const DeviceProfile& profile, const ProblemShape& shape,
 }
 
 }  // namespace
+
+std::string_view to_string(HostIsa isa) { return isa == HostIsa::Avx2 ? "avx2" : "portable"; }
+
+HostIsa parse_host_isa(std::string_view name) {
+  if (name == "portable") return HostIsa::Portable;
+  if (name == "avx2") return HostIsa::Avx2;
+  throw Error("kpa: unknown host instruction set '" + std::string(name) + "' (expected 'portable' or 'avx2')");
+}
+
+namespace detail {
+HostIsa cpu_host_isa() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const HostIsa isa = [] {
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return avx2 ? HostIsa::Avx2 : HostIsa::Portable;
+  }();
+  return isa;
+#else
+  return HostIsa::Portable;
+#endif
+}
+
+HostIsa chosen_host_isa(HostIsa best) {
+  const char* name = std::getenv("KPA_HOST_ISA");
+  if (name == nullptr || *name == '\0') return best;
+  const HostIsa isa = parse_host_isa(name);
+  if (isa > best) {
+    throw Error(std::string("kpa: KPA_HOST_ISA=") + name + " is not available here (best: " +
+                std::string(to_string(best)) + ")");
+  }
+  return isa;
+}
+}  // namespace detail
 
 DeviceProfile DeviceProfile::bi_v100() {
   DeviceProfile profile;
@@ -214,6 +249,11 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
                            (device_path ? " (host back ends run it where KPA_ENABLE_DEVICE_PATH_ON_HOST is defined)" : ""));
   }
   plan.kernel_path = device_path ? KernelPath::Device : KernelPath::Host;
+  plan.host_isa = options.host_isa.value_or(profile.host_isa);
+  if (!device_path && plan.host_isa > limits.best_host_isa) {
+    throw UnsupportedError("kpa::plan_launch: host instruction set " + std::string(to_string(plan.host_isa)) +
+                           " is not available here (best: " + std::string(to_string(limits.best_host_isa)) + ")");
+  }
   const int group = shape.num_heads / shape.num_kv_heads;
   if (device_path) {
     plan.vector_length = options.vector_length > 0 ? options.vector_length
@@ -258,7 +298,9 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
 std::string_view to_string(KernelPath path) { return path == KernelPath::Device ? "device" : "host"; }
 
 std::ostream& operator<<(std::ostream& os, const LaunchPlan& plan) {
-  return os << "LaunchPlan{profile=" << plan.profile << " kernel_path=" << to_string(plan.kernel_path)
+  os << "LaunchPlan{profile=" << plan.profile << " kernel_path=" << to_string(plan.kernel_path);
+  if (plan.kernel_path == KernelPath::Host) os << " host_isa=" << to_string(plan.host_isa);
+  return os
             << " partition_size=" << plan.partition_size << " num_partitions=" << plan.num_partitions
             << " tiles=" << plan.tiles << " league_size=" << plan.league_size
             << " tiles_per_team=" << plan.tiles_per_team << " team_size=" << plan.team_size

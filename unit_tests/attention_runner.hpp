@@ -65,14 +65,23 @@ void run_version(Version version, DeviceProblem<T, Space, C>& d, int partition_s
   space.fence();
 }
 
-/// The plans every attention test runs on Space: the back end's default, and on host back ends
-/// built with KPA_ENABLE_DEVICE_PATH_ON_HOST also the device kernel path with several team
-/// members (OpenMP) and vector lanes, so the GPU-shaped code runs on every machine. `base`
-/// carries a test's own overrides.
+/// The plans every attention test runs on Space: the back end's default; on host back ends
+/// whose best host instruction set is not the portable one, the host path's portable loops too;
+/// and on host back ends built with KPA_ENABLE_DEVICE_PATH_ON_HOST the device kernel path with
+/// several team members (OpenMP) and vector lanes, so the GPU-shaped code runs on every machine.
+/// `base` carries a test's own overrides.
 template <class Space>
 std::vector<kpa::PlanOptions> kernel_paths(const kpa::PlanOptions& base) {
   std::vector<kpa::PlanOptions> paths{base};
-  if (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible && kpa::BackEndLimits::of(Space()).device_path) {
+  if (!Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) return paths;
+  const kpa::BackEndLimits limits = kpa::BackEndLimits::of(Space());
+  if (limits.best_host_isa != kpa::HostIsa::Portable && base.kernel_path != kpa::PlanOptions::Path::Device) {
+    kpa::PlanOptions portable = base;
+    portable.kernel_path = kpa::PlanOptions::Path::Host;
+    portable.host_isa = kpa::HostIsa::Portable;
+    paths.push_back(portable);
+  }
+  if (limits.device_path) {
     kpa::PlanOptions device = base;
     device.kernel_path = kpa::PlanOptions::Path::Device;
     if (device.team_size == 0) device.team_size = std::min<int>(2, static_cast<int>(Space().concurrency()));
@@ -84,7 +93,9 @@ std::vector<kpa::PlanOptions> kernel_paths(const kpa::PlanOptions& base) {
 
 inline std::string path_name(const kpa::PlanOptions& options) {
   switch (options.kernel_path) {
-    case kpa::PlanOptions::Path::Host: return "host path";
+    case kpa::PlanOptions::Path::Host:
+      return std::string("host path (") + (options.host_isa ? std::string(kpa::to_string(*options.host_isa)) : "default") +
+             " loops)";
     case kpa::PlanOptions::Path::Device:
       return "device path (team " + std::to_string(options.team_size) + " x vector " +
              std::to_string(options.vector_length) + ")";

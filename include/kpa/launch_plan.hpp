@@ -6,15 +6,41 @@
 // subscription factor) and every team takes an even, contiguous share of the tiles, a tile
 // being one (sequence, kv head, partition).
 
+#include <kpa/detail/host_isa.hpp>
 #include <kpa/detail/kokkos_compat.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <string_view>
 
 namespace kpa {
+
+/// Instruction sets of the host kernel path's inner loops, in increasing order of capability.
+enum class HostIsa {
+  Portable,  ///< plain C++ (any CPU)
+  Avx2,      ///< x86-64 AVX2 + FMA + F16C
+};
+
+std::string_view to_string(HostIsa isa);
+/// "portable" or "avx2"; throws kpa::Error for anything else.
+HostIsa parse_host_isa(std::string_view name);
+
+namespace detail {
+/// The best host instruction set the CPU running this process supports (cpuid, read once).
+HostIsa cpu_host_isa();
+/// `best`, or the environment variable KPA_HOST_ISA when set (kpa::Error if it names a better one).
+HostIsa chosen_host_isa(HostIsa best);
+/// The best one kpa's headers compile kernels for in this translation unit (host_isa.hpp).
+#ifdef KPA_IMPL_X86_KERNELS
+static constexpr HostIsa kCompiledHostIsa = HostIsa::Avx2;
+#else
+static constexpr HostIsa kCompiledHostIsa = HostIsa::Portable;
+#endif
+}  // namespace detail
 
 /// What an execution space can run; the planner never asks for more.
 struct BackEndLimits {
@@ -23,6 +49,9 @@ struct BackEndLimits {
   int max_team_threads = 1024;   ///< team_size x vector_length (GPU: threads per block)
   std::size_t max_scratch_level0_bytes = 40 * 1024;  ///< fast team scratch (GPU shared memory)
   bool host_path = false;   ///< the back end runs KernelPath::Host (host back ends)
+  /// The best instruction set of the host path's inner loops this CPU runs (and this
+  /// translation unit compiled); every lesser one runs too.
+  HostIsa best_host_isa = HostIsa::Portable;
   bool device_path = true;  ///< the back end runs KernelPath::Device (device back ends; host back
                             ///< ends where KPA_ENABLE_DEVICE_PATH_ON_HOST is defined)
 
@@ -42,6 +71,9 @@ struct DeviceProfile {
   /// teams per SM the CUDA occupancy calculator gives for the attention kernel that will run.
   bool occupancy_from_kernel = false;
   BackEndLimits limits;  ///< of the back end the plan runs on (detect() fills them in)
+  /// Instruction set of the host path's inner loops: detect() takes limits.best_host_isa, or
+  /// the environment variable KPA_HOST_ISA ("portable", "avx2") when set.
+  HostIsa host_isa = HostIsa::Portable;
 
   int resident_teams() const { return sm_count * sm_occupancy; }
   int max_blocks() const { return resident_teams() * subscription_factor; }
@@ -58,7 +90,8 @@ struct DeviceProfile {
   /// The profile of the device behind `space`, with the back end's limits. A GPU's properties
   /// are read once per device and cached. The environment variable KPA_DEVICE_PROFILE, when
   /// set, replaces the device part with from_name(its value) (the limits stay the back end's),
-  /// so a CPU run can plan as the BI-V100 for inspection.
+  /// so a CPU run can plan as the BI-V100 for inspection. KPA_HOST_ISA names an instruction set
+  /// below the best one (kpa::Error if the CPU lacks it).
   template <class Space>
   static DeviceProfile detect(const Space& space);
 };
@@ -93,11 +126,13 @@ struct PlanOptions {
   int vector_length = 0;
   int league_size = 0;  ///< still capped by the number of tiles
   Path kernel_path = Path::Auto;
+  std::optional<HostIsa> host_isa;  ///< the host path's instruction set (default: the profile's)
 };
 
 struct LaunchPlan {
   std::string profile;                   ///< name of the DeviceProfile planned for
   KernelPath kernel_path = KernelPath::Host;
+  HostIsa host_isa = HostIsa::Portable;  ///< inner loops of the host path (unused by the device path)
   int partition_size = 0;                ///< tokens per partition (a multiple of block_size)
   int num_partitions = 0;                ///< ceil(max_seq_len / partition_size), at least 1
   int tiles = 0;                         ///< num_seqs x num_kv_heads x num_partitions
@@ -138,6 +173,7 @@ BackEndLimits BackEndLimits::of(const Space& space) {
     limits.max_team_size = static_cast<int>(space.concurrency());
     limits.max_team_threads = limits.max_team_size * limits.max_vector_length;
     limits.host_path = true;
+    limits.best_host_isa = std::min(detail::cpu_host_isa(), detail::kCompiledHostIsa);
 #ifdef KPA_ENABLE_DEVICE_PATH_ON_HOST
     limits.device_path = true;
 #else
@@ -167,6 +203,7 @@ DeviceProfile DeviceProfile::detect(const Space& space) {
     profile.occupancy_from_kernel = true;
   }
   profile.limits = BackEndLimits::of(space);
+  profile.host_isa = detail::chosen_host_isa(profile.limits.best_host_isa);
   return profile;
 }
 

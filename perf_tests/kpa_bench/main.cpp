@@ -310,6 +310,7 @@ class Bench {
     std::ostringstream os;
     os << "P" << p.partition_size << "x" << p.num_partitions << " L" << p.league_size << " T" << p.team_size
        << (p.single_partition ? " single" : "");
+    if (p.kernel_path == kpa::KernelPath::Host) os << " " << kpa::to_string(p.host_isa);
     return os.str();
   }
 
@@ -456,9 +457,9 @@ std::string fixed(double v, int digits) {
 }
 
 void print_table(const std::vector<Result>& results, const MachineLimits& limits) {
-  std::printf("\nmachine: %s, %d threads; measured read bandwidth %.1f GB/s, FMA throughput %.1f GFLOP/s\n",
+  std::printf("\nmachine: %s, %d threads; measured read bandwidth %.1f GB/s, FMA throughput %.1f GFLOP/s (%s probes)\n",
               Space::name(), static_cast<int>(Space().concurrency()), limits.read_bytes_per_s / 1e9,
-              limits.flop_per_s / 1e9);
+              limits.flop_per_s / 1e9, probe_kind<Space>().c_str());
   std::printf("%-22s %-4s %-5s %-8s %10s %10s %8s %6s %8s %6s %-22s %9s %9s %9s\n", "workload", "ver", "dtype", "kv",
               "median_us", "min_us", "KV_GB/s", "%bw", "GFLOP/s", "%roof", "plan", "vs_naive", "vs_dense",
               "max_err");
@@ -494,6 +495,7 @@ void write_json(const std::string& path, const std::vector<Result>& results, con
         << ", \"plan\": " << json_string(r.plan) << ", \"execution_space\": " << json_string(Space::name())
         << ", \"machine_read_gbps\": " << fixed(limits.read_bytes_per_s / 1e9, 3)
         << ", \"machine_fma_gflops\": " << fixed(limits.flop_per_s / 1e9, 3)
+        << ", \"machine_probes\": " << json_string(probe_kind<Space>())
         << ", \"kpa_version\": " << json_string(kpa::version_string) << "}" << (i + 1 < results.size() ? ",\n" : "\n");
   }
   out << "]\n";

@@ -117,6 +117,7 @@ void launch_partition_kernel(const char* label, const Space& space, const Launch
   geo.tiles = plan.tiles;
   geo.league_size = plan.league_size;
   geo.chunk_tokens = plan.chunk_tokens;
+  geo.host_isa = plan.host_isa;
   // Keys are dequantised through the query (q . (k s) = (q s) . k), values through the output.
   geo.scale = params.scale * (fp8 ? params.k_scale : 1.0f);
   geo.value_scale = fp8 ? params.v_scale : 1.0f;

@@ -4,6 +4,7 @@
 
 #include <kpa/detail/kokkos_compat.hpp>
 #include <kpa/detail/tile_config.hpp>
+#include <kpa/launch_plan.hpp>
 
 #include <cstdint>
 
@@ -35,6 +36,7 @@ struct TileGeometry {
   int tiles = 0;
   int league_size = 0;
   int chunk_tokens = 0;
+  HostIsa host_isa = HostIsa::Portable;  ///< the host path's inner loops
   float scale = 1.0f;        ///< multiplies q.k (includes the fp8 key scale)
   float value_scale = 1.0f;  ///< fp8 value scale (1 otherwise)
   BlockSparseGeometry sparse;
@@ -53,8 +55,6 @@ struct TileScratch {
   float* q;          ///< [H][D]
   float* o;          ///< [H][D]
   float* probs;      ///< [H][chunk_tokens]
-  float* block_max;  ///< [H][chunk_blocks]
-  float* block_sum;  ///< [H][chunk_blocks]
   float* running;    ///< [3][H]: max, sum, merge weight
   int* block_ids;    ///< [chunk_blocks]
 
@@ -63,8 +63,7 @@ struct TileScratch {
     // 16-byte alignment: the device path reads scratch floats four at a time.
     float* floats = static_cast<float*>(member.team_scratch(level).get_shmem_aligned(layout.floats() * 4, 16));
     int* ints = static_cast<int*>(member.team_scratch(level).get_shmem_aligned(layout.ints() * 4, 16));
-    return TileScratch{floats + layout.q(),         floats + layout.o(),         floats + layout.probs(),
-                       floats + layout.block_max(), floats + layout.block_sum(), floats + layout.running(),
+    return TileScratch{floats + layout.q(), floats + layout.o(), floats + layout.probs(), floats + layout.running(),
                        ints};
   }
 };

@@ -26,7 +26,6 @@ inline constexpr auto kDeviceHeadsPerPass = values_of(DeviceHeadsPerPass{});
 /// Team scratch of one tile pass, in floats then ints:
 ///   q [H][D] (pre-scaled query), o [H][D] (running unnormalised output),
 ///   probs [H][CT] (the chunk's logits, then probabilities),
-///   block_max, block_sum [H][CB] (per-block softmax states, host path),
 ///   running [3][H] (running max, running sum, last merge weight of each head: device path),
 ///   block_ids [CB] (the chunk's physical blocks; -1: attended by no head of the pass).
 struct TileScratchLayout {
@@ -41,14 +40,8 @@ struct TileScratchLayout {
   KOKKOS_INLINE_FUNCTION std::size_t q() const { return 0; }
   KOKKOS_INLINE_FUNCTION std::size_t o() const { return static_cast<std::size_t>(heads) * head_size; }
   KOKKOS_INLINE_FUNCTION std::size_t probs() const { return 2 * o(); }
-  KOKKOS_INLINE_FUNCTION std::size_t block_max() const {
-    return probs() + static_cast<std::size_t>(heads) * chunk_tokens;
-  }
-  KOKKOS_INLINE_FUNCTION std::size_t block_sum() const {
-    return block_max() + static_cast<std::size_t>(heads) * chunk_blocks;
-  }
   KOKKOS_INLINE_FUNCTION std::size_t running() const {
-    return block_sum() + static_cast<std::size_t>(heads) * chunk_blocks;
+    return probs() + static_cast<std::size_t>(heads) * chunk_tokens;
   }
   KOKKOS_INLINE_FUNCTION std::size_t floats() const { return running() + 3 * static_cast<std::size_t>(heads); }
   KOKKOS_INLINE_FUNCTION std::size_t ints() const { return static_cast<std::size_t>(chunk_blocks); }

@@ -1,0 +1,322 @@
+// libFuzzer target over the C ABI (kpa.h). Each input is decoded into one call (v1, v2, the
+// automatic entry point or reshape_and_cache) with fuzzed shapes, dtypes, lengths, block tables,
+// scales, ALiBi and block-sparse parameters, over buffers laid out exactly as the call declares
+// them. The only allowed outcomes are:
+//   - an error status with a message, exactly when the arguments break the documented contract
+//     (the oracle below is written from kpa.h and the README, apart from the library's checks);
+//   - success, with every output equal to a float64 reference written here within the dtype's
+//     tolerance (NaN exactly where the reference has NaN).
+// Cache slots no sequence owns hold NaN, so a kernel that reads one fails. Anything else aborts.
+
+#include <kpa/kpa.h>
+#include <kpa/numeric_types.hpp>
+
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+[[noreturn]] void fail(const char* what, double a = 0, double b = 0) {
+  std::fprintf(stderr, "kpa fuzz: %s (%g, %g); last error: %s\n", what, a, b, kpa_last_error());
+  std::abort();
+}
+
+int element_size(int dtype) { return dtype == KPA_F32 ? 4 : dtype <= KPA_BF16 ? 2 : 1; }
+bool is_fp8(int dtype) { return dtype == KPA_FP8_E4M3 || dtype == KPA_FP8_E5M2; }
+
+/// Activations and caches as bytes, read and written through kpa's own (separately tested)
+/// storage conversions.
+float load(const std::vector<std::uint8_t>& bytes, std::size_t i, int dtype) {
+  switch (dtype) {
+    case KPA_F32: { float f; std::memcpy(&f, &bytes[4 * i], 4); return f; }
+    case KPA_F16: { kpa::half h; std::memcpy(&h.bits, &bytes[2 * i], 2); return kpa::to_float(h); }
+    case KPA_BF16: { kpa::bfloat16 b; std::memcpy(&b.bits, &bytes[2 * i], 2); return kpa::to_float(b); }
+    case KPA_FP8_E4M3: return kpa::to_float(kpa::fp8_e4m3{bytes[i]});
+    default: return kpa::to_float(kpa::fp8_e5m2{bytes[i]});
+  }
+}
+
+void store(std::vector<std::uint8_t>& bytes, std::size_t i, int dtype, float v) {
+  switch (dtype) {
+    case KPA_F32: std::memcpy(&bytes[4 * i], &v, 4); break;
+    case KPA_F16: { const auto h = kpa::to_half(v); std::memcpy(&bytes[2 * i], &h.bits, 2); break; }
+    case KPA_BF16: { const auto b = kpa::to_bfloat16(v); std::memcpy(&bytes[2 * i], &b.bits, 2); break; }
+    case KPA_FP8_E4M3: bytes[i] = kpa::to_fp8_e4m3(v).bits; break;
+    default: bytes[i] = kpa::to_fp8_e5m2(v).bits; break;
+  }
+}
+
+struct Call {
+  int entry;  // 0 v1, 1 v2, 2 auto, 3 reshape_and_cache
+  int dtype, cache_dtype;
+  int64_t seqs, heads, kv_heads, head, blocks, block, columns, max_seq_len;
+  std::vector<int32_t> seq_lens, tables;
+  float scale, k_scale, v_scale;
+  bool alibi;
+  bool sparse;
+  kpa_block_sparse pattern;
+  int tp_rank;
+  int64_t partition, partitions;  // v2
+  bool check_indices;
+};
+
+/// The contract, from kpa.h and the README: whether `c` must succeed.
+bool valid(const Call& c) {
+  if (c.dtype < KPA_F32 || c.dtype > KPA_BF16) return false;
+  if (c.cache_dtype != c.dtype && !is_fp8(c.cache_dtype)) return false;
+  const int x = 16 / element_size(c.cache_dtype);
+  if (c.block < 1 || c.head < 1 || c.head % x != 0) return false;
+  if (is_fp8(c.cache_dtype) && !(c.k_scale > 0 && c.v_scale > 0)) return false;
+  if (c.kv_heads < 1) return false;
+  if (c.entry == 3) return true;  // reshape_and_cache: slots are checked by the caller below
+  if (c.heads < 1 || c.heads % c.kv_heads != 0 || c.head > 256 || c.max_seq_len < 0) return false;
+  for (int64_t s = 0; s < c.seqs; ++s) {
+    const int32_t len = c.seq_lens[s];
+    if (len < 0 || len > c.max_seq_len || len > c.columns * c.block) return false;
+    for (int64_t b = 0; b < (len + c.block - 1) / c.block; ++b) {
+      const int32_t id = c.tables[s * c.columns + b];
+      if (id < 0 || id >= c.blocks) return false;
+    }
+  }
+  if (c.sparse && c.pattern.vert_stride > 1) {
+    if (c.pattern.block_size <= 0 || c.pattern.block_size % c.block != 0) return false;
+    if (c.pattern.local_blocks < 0 || c.tp_rank < 0) return false;
+  }
+  if (c.entry == 1) {
+    if (c.partition < 1 || c.partition % c.block != 0) return false;
+    if (c.partitions < (c.max_seq_len + c.partition - 1) / c.partition) return false;
+  }
+  return true;
+}
+
+/// vLLM's block-sparse rule (SPEC section 4): whether head h of sequence s attends token t.
+bool attends(const Call& c, int64_t s, int64_t h, int64_t t) {
+  if (!c.sparse || c.pattern.vert_stride <= 1) return true;
+  const int64_t q_bs = (c.seq_lens[s] - 1) / c.pattern.block_size;
+  const int64_t k_bs = (t / c.block) * c.block / c.pattern.block_size;
+  const int64_t g = h / (c.heads / c.kv_heads);
+  const int64_t step = c.pattern.head_sliding_step;
+  const int64_t offset = step >= 0 ? (c.tp_rank * c.heads + h) * step + 1 : (c.tp_rank * c.kv_heads + g) * -step + 1;
+  return (k_bs + offset) % c.pattern.vert_stride == 0 || k_bs > q_bs - c.pattern.local_blocks;
+}
+
+void check_attention(const Call& c, const std::vector<std::uint8_t>& query, const std::vector<std::uint8_t>& keys,
+                     const std::vector<std::uint8_t>& values, const std::vector<float>& slopes,
+                     const std::vector<std::uint8_t>& out) {
+  const int x = 16 / element_size(c.cache_dtype);
+  const double k_scale = is_fp8(c.cache_dtype) ? c.k_scale : 1.0, v_scale = is_fp8(c.cache_dtype) ? c.v_scale : 1.0;
+  const double tolerance = c.dtype == KPA_F32 ? 1e-4 : c.dtype == KPA_F16 ? 3e-3 : 2e-2;
+  for (int64_t s = 0; s < c.seqs; ++s) {
+    for (int64_t h = 0; h < c.heads; ++h) {
+      const int64_t g = h / (c.heads / c.kv_heads), len = c.seq_lens[s];
+      std::vector<double> logits(len, -HUGE_VAL), o(c.head, 0.0);
+      double m = -HUGE_VAL, sum = 0;
+      for (int64_t t = 0; t < len; ++t) {
+        if (!attends(c, s, h, t)) continue;
+        const int64_t block = c.tables[s * c.columns + t / c.block], slot = t % c.block;
+        double dot = 0;
+        for (int64_t d = 0; d < c.head; ++d) {
+          const std::size_t k = (((block * c.kv_heads + g) * (c.head / x) + d / x) * c.block + slot) * x + d % x;
+          dot += static_cast<double>(load(query, (s * c.heads + h) * c.head + d, c.dtype)) *
+                 load(keys, k, c.cache_dtype) * k_scale;
+        }
+        logits[t] = c.scale * dot + (c.alibi ? slopes[h] * static_cast<double>(t - len + 1) : 0.0);
+        m = std::fmax(m, logits[t]);
+      }
+      for (int64_t t = 0; t < len; ++t) {
+        if (logits[t] == -HUGE_VAL) continue;
+        const int64_t block = c.tables[s * c.columns + t / c.block], slot = t % c.block;
+        const double w = std::exp(logits[t] - m);
+        sum += w;
+        for (int64_t d = 0; d < c.head; ++d) {
+          o[d] += w * load(values, ((block * c.kv_heads + g) * c.head + d) * c.block + slot, c.cache_dtype) * v_scale;
+        }
+      }
+      for (int64_t d = 0; d < c.head; ++d) {
+        const double ref = sum == 0 ? 0.0 : o[d] / sum;
+        const double got = load(out, (s * c.heads + h) * c.head + d, c.dtype);
+        if (std::isnan(ref) != std::isnan(got)) fail("NaN differs from the reference", got, ref);
+        if (!std::isnan(ref) && !(std::fabs(got - ref) <= tolerance * (1 + std::fabs(ref)))) {
+          fail("output differs from the reference", got, ref);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  if (kpa_init() != KPA_OK) fail("kpa_init");
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  FuzzedDataProvider in(data, size);
+  Call c;
+  c.entry = in.ConsumeIntegralInRange(0, 3);
+  c.dtype = in.ConsumeIntegralInRange(0, 3);  // 3 is not an activation type
+  c.cache_dtype = in.ConsumeBool() ? c.dtype : in.ConsumeIntegralInRange(0, 5);
+  c.seqs = in.ConsumeIntegralInRange(0, 4);
+  c.kv_heads = in.ConsumeIntegralInRange(0, 3);
+  c.heads = c.kv_heads * in.ConsumeIntegralInRange(1, 4) + (in.ConsumeIntegralInRange(0, 7) == 0 ? 1 : 0);
+  static constexpr int head_sizes[] = {16, 32, 48, 64, 80, 96, 128, 256, 4, 8, 12, 30, 264, 0};
+  c.head = in.PickValueInArray(head_sizes);
+  static constexpr int block_sizes[] = {8, 16, 32, 1, 3, 4, 0};
+  c.block = in.PickValueInArray(block_sizes);
+  c.blocks = in.ConsumeIntegralInRange(0, 24);
+  c.columns = in.ConsumeIntegralInRange(0, 6);
+  const int64_t capacity = c.columns * std::max<int64_t>(c.block, 0);
+  int32_t longest = 0;
+  for (int64_t s = 0; s < c.seqs; ++s) {
+    const int32_t len = in.ConsumeIntegralInRange<int32_t>(0, 15) == 0 ? in.ConsumeIntegralInRange<int32_t>(-2, capacity + 3)
+                                                                        : in.ConsumeIntegralInRange<int32_t>(0, capacity);
+    c.seq_lens.push_back(len);
+    longest = std::max(longest, len);
+  }
+  for (int64_t i = 0; i < c.seqs * c.columns; ++i) {
+    c.tables.push_back(in.ConsumeIntegralInRange<int32_t>(0, 15) == 0 ? in.ConsumeIntegralInRange<int32_t>(-3, c.blocks + 2)
+                                                                       : in.ConsumeIntegralInRange<int32_t>(0, std::max<int64_t>(c.blocks - 1, 0)));
+  }
+  c.max_seq_len = longest + (in.ConsumeIntegralInRange(0, 7) == 0 ? in.ConsumeIntegralInRange(-3, 2) : in.ConsumeIntegralInRange(0, 40));
+  c.scale = in.ConsumeFloatingPointInRange(-1.0f, 1.0f);
+  const float scales[] = {1.0f, 0.01f, 0.1f, 0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN()};
+  c.k_scale = in.ConsumeIntegralInRange(0, 3) ? in.ConsumeFloatingPointInRange(0.005f, 0.5f) : in.PickValueInArray(scales);
+  c.v_scale = in.ConsumeIntegralInRange(0, 3) ? in.ConsumeFloatingPointInRange(0.005f, 0.5f) : in.PickValueInArray(scales);
+  c.alibi = in.ConsumeBool();
+  c.sparse = in.ConsumeIntegralInRange(0, 3) == 0;
+  c.pattern.local_blocks = in.ConsumeIntegralInRange(-1, 3);
+  c.pattern.vert_stride = in.ConsumeIntegralInRange(0, 6);
+  c.pattern.block_size = std::max<int64_t>(c.block, 1) * in.ConsumeIntegralInRange(0, 4) + (in.ConsumeIntegralInRange(0, 7) == 0 ? 1 : 0);
+  c.pattern.head_sliding_step = in.ConsumeIntegralInRange(-2, 2);
+  c.tp_rank = in.ConsumeIntegralInRange(-1, 2);
+  c.partition = std::max<int64_t>(c.block, 1) * in.ConsumeIntegralInRange(0, 8) + (in.ConsumeIntegralInRange(0, 7) == 0 ? 1 : 0);
+  const int64_t needed = c.partition > 0 ? (c.max_seq_len + c.partition - 1) / c.partition : 1;
+  c.partitions = std::max<int64_t>(0, needed + (in.ConsumeIntegralInRange(0, 7) == 0 ? -1 : in.ConsumeIntegralInRange(0, 1)));
+  c.check_indices = in.ConsumeIntegralInRange(0, 3) != 0;
+  std::mt19937 rng(in.ConsumeIntegral<std::uint32_t>());
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+
+  const int cache = element_size(c.cache_dtype);
+  const int x = 16 / cache;
+  const int64_t kv_elems = std::max<int64_t>(c.blocks * c.kv_heads * c.head * c.block, 0);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // Caches: NaN everywhere (slots no sequence owns), then random values in the owned slots.
+  // Four bytes an element whatever the declared types: a call the contract refuses must fail
+  // before it touches memory, but if it wrongly went ahead it must not leave the buffers.
+  std::vector<std::uint8_t> keys(kv_elems * 4), values(kv_elems * 4);
+  const bool fp8 = is_fp8(c.cache_dtype);
+  const int cache_type = fp8 || c.cache_dtype == c.dtype ? c.cache_dtype : KPA_F32;
+  for (int64_t i = 0; i < kv_elems; ++i) {
+    store(keys, i, cache_type, nan);
+    store(values, i, cache_type, nan);
+  }
+  // Slots some sequence owns, as the tables say (a block two sequences share is owned by both).
+  std::vector<char> owned(std::max<int64_t>(c.blocks * c.block, 0), 0);
+  for (int64_t s = 0; s < c.seqs; ++s)
+    for (int64_t b = 0; b < c.columns; ++b)
+      for (int64_t slot = 0; slot < c.block && b * c.block + slot < c.seq_lens[s]; ++slot) {
+        const int32_t block = c.tables[s * c.columns + b];
+        if (block >= 0 && block < c.blocks) owned[block * c.block + slot] = 1;
+      }
+  for (int64_t i = 0; i < kv_elems; ++i) {
+    if (!owned[(i / (c.kv_heads * c.head * c.block)) * c.block + i % c.block]) continue;
+    const float ks = fp8 ? c.k_scale : 1.0f, vs = fp8 ? c.v_scale : 1.0f;
+    store(keys, i, cache_type, fp8 ? uniform(rng) / ks : uniform(rng));
+    store(values, i, cache_type, fp8 ? uniform(rng) / vs : uniform(rng));
+  }
+  const int64_t q_elems = std::max<int64_t>(c.seqs * c.heads * c.head, 0);
+  std::vector<std::uint8_t> query(q_elems * 4), out(q_elems * 4, 0xff);
+  const int act_type = c.dtype >= KPA_F32 && c.dtype <= KPA_BF16 ? c.dtype : KPA_F32;
+  for (int64_t i = 0; i < q_elems; ++i) store(query, i, act_type, uniform(rng));
+  std::vector<float> slopes(std::max<int64_t>(c.heads, 0));
+  for (float& a : slopes) a = uniform(rng) * 0.5f;
+  (void)x;
+
+  kpa_set_check_indices(1);
+  const bool expect_ok = valid(c);
+  if (!c.check_indices && expect_ok) kpa_set_check_indices(0);  // unchecked calls only with valid tables
+  int status = KPA_OK;
+  const kpa_block_sparse* sparse = c.sparse ? &c.pattern : nullptr;
+  const float* alibi = c.alibi ? slopes.data() : nullptr;
+  if (c.entry == 0) {
+    status = kpa_paged_attention_v1(out.data(), query.data(), static_cast<kpa_dtype>(c.dtype), keys.data(), values.data(),
+                                    static_cast<kpa_dtype>(c.cache_dtype), c.seqs, c.heads, c.kv_heads, c.head, c.blocks,
+                                    c.block, c.tables.data(), c.columns, c.seq_lens.data(), c.max_seq_len, c.scale, alibi,
+                                    c.k_scale, c.v_scale, c.tp_rank, sparse);
+  } else if (c.entry == 1) {
+    const int64_t rows = std::max<int64_t>(c.seqs * c.heads * c.partitions, 0);
+    std::vector<float> sums(rows + 1), maxes(rows + 1);
+    std::vector<std::uint8_t> tmp((rows * std::max<int64_t>(c.head, 0) + 1) * 4);
+    status = kpa_paged_attention_v2(out.data(), sums.data(), maxes.data(), tmp.data(), c.partitions, c.partition,
+                                    query.data(), static_cast<kpa_dtype>(c.dtype), keys.data(), values.data(),
+                                    static_cast<kpa_dtype>(c.cache_dtype), c.seqs, c.heads, c.kv_heads, c.head, c.blocks,
+                                    c.block, c.tables.data(), c.columns, c.seq_lens.data(), c.max_seq_len, c.scale, alibi,
+                                    c.k_scale, c.v_scale, c.tp_rank, sparse);
+  } else if (c.entry == 2) {
+    status = kpa_paged_attention(out.data(), query.data(), static_cast<kpa_dtype>(c.dtype), keys.data(), values.data(),
+                                 static_cast<kpa_dtype>(c.cache_dtype), c.seqs, c.heads, c.kv_heads, c.head, c.blocks,
+                                 c.block, c.tables.data(), c.columns, c.seq_lens.data(), c.max_seq_len, c.scale, alibi,
+                                 c.k_scale, c.v_scale, c.tp_rank, sparse);
+  } else {
+    // reshape_and_cache: one token per sequence slot, some slots padding (-1), some out of range.
+    const int64_t tokens = c.seqs;
+    std::vector<int64_t> slots;
+    bool slots_valid = true;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t slot = in.ConsumeIntegralInRange<int64_t>(-1, c.blocks * std::max<int64_t>(c.block, 0));
+      slots_valid = slots_valid && slot < c.blocks * c.block;
+      slots.push_back(slot);
+    }
+    const int64_t per_token = std::max<int64_t>(c.kv_heads * c.head, 0);
+    std::vector<std::uint8_t> k(tokens * per_token * 4), v(k.size());
+    for (int64_t i = 0; i < tokens * per_token; ++i) {
+      store(k, i, act_type, uniform(rng));
+      store(v, i, act_type, uniform(rng));
+    }
+    const std::vector<std::uint8_t> keys_before = keys;
+    status = kpa_reshape_and_cache(k.data(), v.data(), static_cast<kpa_dtype>(c.dtype), keys.data(), values.data(),
+                                   static_cast<kpa_dtype>(c.cache_dtype), tokens, c.kv_heads, c.head, c.blocks, c.block,
+                                   slots.data(), c.k_scale, c.v_scale);
+    const bool ok = expect_ok && slots_valid;
+    if ((status == KPA_OK) != ok) fail("reshape_and_cache status against the contract", status, ok);
+    if (status != KPA_OK) {
+      if (kpa_last_error()[0] == '\0') fail("an error without a message");
+      if (keys != keys_before) fail("a failed reshape_and_cache changed the cache");
+      return 0;
+    }
+    for (int64_t t = 0; t < tokens; ++t) {  // each written element is the conversion of its input
+      if (slots[t] < 0) continue;
+      const int64_t block = slots[t] / c.block, offset = slots[t] % c.block;
+      for (int64_t g = 0; g < c.kv_heads; ++g)
+        for (int64_t d = 0; d < c.head; ++d) {
+          const float in_k = load(k, (t * c.kv_heads + g) * c.head + d, c.dtype);
+          std::vector<std::uint8_t> expected(cache);
+          store(expected, 0, c.cache_dtype, fp8 ? in_k / c.k_scale : in_k);
+          const std::size_t at = (((block * c.kv_heads + g) * (c.head / x) + d / x) * c.block + offset) * x + d % x;
+          // A later token of the batch may own the same slot: the last write wins; skip those.
+          bool overwritten = false;
+          for (int64_t u = t + 1; u < tokens; ++u) overwritten = overwritten || slots[u] == slots[t];
+          if (!overwritten && std::memcmp(&keys[at * cache], expected.data(), cache) != 0) fail("a written key");
+        }
+    }
+    return 0;
+  }
+  kpa_set_check_indices(1);
+  if ((status == KPA_OK) != expect_ok) fail("status against the contract", status, expect_ok);
+  if (status != KPA_OK) {
+    if (kpa_last_error()[0] == '\0') fail("an error without a message");
+    return 0;
+  }
+  check_attention(c, query, keys, values, slopes, out);
+  return 0;
+}

@@ -1,0 +1,41 @@
+#pragma once
+// The inner loops of the host kernel path, one set per instruction set (HostIsa): a team member
+// calls them on raw pointers for one block or one chunk, so everything that depends on the CPU
+// sits behind three function pointers chosen once per pass:
+//   block_logits  q . k for the H query heads of a pass against the slots of one cache block;
+//   row_softmax   one head's row of a chunk's logits: ALiBi, the max, p = exp(logit - max), the sum;
+//   chunk_values  o = o * weight + p . V for a range of output dimensions over a chunk.
+// host_kernels_portable.hpp holds the arguments and the plain C++ set every CPU runs;
+// host_kernels_x86.hpp the AVX2 + FMA + F16C set, compiled with target attributes whatever the
+// translation unit's flags, so one binary runs the best set the CPU has
+// (BackEndLimits::best_host_isa).
+
+#include <kpa/detail/host_kernels_portable.hpp>
+#include <kpa/detail/host_kernels_x86.hpp>
+#include <kpa/launch_plan.hpp>
+
+namespace kpa::detail {
+
+template <int H, class CacheT>
+struct HostKernels {
+  void (*block_logits)(const BlockLogitsArgs<CacheT>&);
+  /// For i < n: p[i] += slope * (position + i) (ALiBi; slope 0: none); then *max = the largest of
+  /// `floor` and every p[i] (NaN ignored), p[i] = exp(p[i] - *max) (0s when *max is -inf: nothing
+  /// attended), and the sum of the p[i] returned (NaN if any p[i] is).
+  float (*row_softmax)(float* p, int n, float slope, float position, float floor, float* max);
+  void (*chunk_values)(const ChunkValuesArgs<CacheT>&, int d_begin, int d_end);
+};
+
+/// The inner loops for `isa` (which the planner has checked this machine runs).
+template <int H, class CacheT>
+HostKernels<H, CacheT> host_kernels(HostIsa isa) {
+#ifdef KPA_IMPL_X86_KERNELS
+  if (isa == HostIsa::Avx2 && avx2::has_kernels<CacheT>) {
+    return {&avx2::block_logits<H, CacheT>, &avx2::row_softmax, &avx2::chunk_values<H, CacheT>};
+  }
+#endif
+  (void)isa;
+  return {&portable::block_logits<H, CacheT>, &portable::row_softmax, &portable::chunk_values<H, CacheT>};
+}
+
+}  // namespace kpa::detail

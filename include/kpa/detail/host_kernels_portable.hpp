@@ -1,0 +1,114 @@
+#pragma once
+// The arguments of the host kernel path's inner loops (see host_kernels.hpp), and their portable
+// versions: plain C++ that every CPU runs and compilers vectorise as far as they can.
+
+#include <kpa/detail/kokkos_compat.hpp>
+#include <kpa/numeric_types.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+namespace kpa::detail {
+
+/// One block_logits call: q . k for the first `slots` slots of one cache block of one kv head.
+template <class CacheT>
+struct BlockLogitsArgs {
+  const CacheT* key_block;  ///< key_cache[block][kv_head]: [head_size/x][block_size][x]
+  int block_size;
+  int head_size;
+  int slots;                ///< slots to compute, <= block_size
+  const float* q;           ///< [H][head_size], scale (and the fp8 key scale) applied
+  float* logits;            ///< q_g . k_i at logits[g * logits_stride + i]
+  int logits_stride;
+};
+
+/// One chunk_values call: the chunk's blocks, and output dimensions [d_begin, d_end).
+template <class CacheT>
+struct ChunkValuesArgs {
+  const CacheT* value_head;  ///< value_cache[0][kv_head]: block b's rows start b * block_stride later
+  std::int64_t block_stride;
+  const int* block_ids;      ///< the chunk's physical blocks in order; < 0: attended by no head
+  int blocks;
+  int last_block_slots;      ///< tokens in the chunk's last block (the others are full)
+  int block_size;
+  int head_size;
+  const float* probs;        ///< probabilities of head g, chunk token t at probs[g * probs_stride + t]
+  int probs_stride;
+  const float* weight;       ///< [H] factor of the running output (online-softmax rescale)
+  float* o;                  ///< [H][head_size] running output
+};
+
+/// The NaN-ignoring max (quiet comparisons: a NaN operand raises no floating-point exception).
+inline float max_ignoring_nan(float a, float b) { return std::isgreater(b, a) ? b : a; }
+
+namespace portable {
+
+template <int H, class CacheT>
+void block_logits(const BlockLogitsArgs<CacheT>& a) {
+  constexpr int X = static_cast<int>(16 / sizeof(CacheT));
+  const int vectors = a.head_size / X, stride = a.block_size * X;
+  for (int slot = 0; slot < a.slots; ++slot) {
+    float acc[H][X] = {};  // X partial sums per head: vectorisable without reassociating
+    for (int dx = 0; dx < vectors; ++dx) {
+      float k[X];
+      for (int i = 0; i < X; ++i) k[i] = to_float(a.key_block[slot * X + dx * stride + i]);
+      for (int g = 0; g < H; ++g)
+        for (int i = 0; i < X; ++i) acc[g][i] += a.q[g * a.head_size + dx * X + i] * k[i];
+    }
+    for (int g = 0; g < H; ++g) {
+      float logit = 0.0f;
+      for (int i = 0; i < X; ++i) logit += acc[g][i];
+      a.logits[g * a.logits_stride + slot] = logit;
+    }
+  }
+}
+
+inline float row_softmax(float* p, int n, float slope, float position, float floor, float* max) {
+  float m = floor;
+  for (int i = 0; i < n; ++i) {
+    if (slope != 0.0f) p[i] += slope * (position + static_cast<float>(i));
+    m = max_ignoring_nan(m, p[i]);
+  }
+  *max = m;
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    p[i] = m == -compat::infinity() ? 0.0f : compat::exp(p[i] - m);
+    sum += p[i];
+  }
+  return sum;
+}
+
+template <int H, class CacheT>
+void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin, int d_end) {
+  constexpr int W = 8;  // partial sums per head
+  const int B = a.block_size;
+  for (int d = d_begin; d < d_end; ++d) {
+    float part[H][W] = {};
+    for (int lb = 0; lb < a.blocks; ++lb) {
+      if (a.block_ids[lb] < 0) continue;  // attended by no head of the pass: never read
+      const CacheT* v = a.value_head + a.block_ids[lb] * a.block_stride + static_cast<std::int64_t>(d) * B;
+      const float* p = a.probs + lb * B;
+      const int slots = lb + 1 == a.blocks ? a.last_block_slots : B;
+      int slot = 0;
+      for (; slot + W <= slots; slot += W) {
+        float vf[W];
+        for (int j = 0; j < W; ++j) vf[j] = to_float(v[slot + j]);
+        for (int g = 0; g < H; ++g)
+          for (int j = 0; j < W; ++j) part[g][j] += p[g * a.probs_stride + slot + j] * vf[j];
+      }
+      for (; slot < slots; ++slot) {  // never past the sequence: unused slots may hold NaN
+        const float vf = to_float(v[slot]);
+        for (int g = 0; g < H; ++g) part[g][0] += p[g * a.probs_stride + slot] * vf;
+      }
+    }
+    for (int g = 0; g < H; ++g) {
+      float sum = 0.0f;
+      for (int j = 0; j < W; ++j) sum += part[g][j];
+      float& o = a.o[g * a.head_size + d];
+      o = o * a.weight[g] + sum;
+    }
+  }
+}
+
+}  // namespace portable
+}  // namespace kpa::detail

@@ -1,0 +1,389 @@
+#pragma once
+// AVX2 + FMA + F16C versions of the host kernel path's inner loops (host_kernels.hpp says what
+// each computes). Every function carries a target attribute instead of relying on the
+// translation unit's flags: a binary built for baseline x86-64 contains them, and the planner
+// runs them only on CPUs that have the instructions (BackEndLimits::best_host_isa). Compiled
+// where host_isa.hpp says.
+//
+// Register tiles (16 ymm registers):
+//   q.k    heads of a pass in groups of HG, slots in groups of S; one accumulator of 8 dimension
+//          lanes per (slot, head), reduced 8 at a time by a transposing hadd tree;
+//   p.V    heads in groups of HG, output rows in groups of R; one accumulator of 8 slot lanes per
+//          (head, row) over the whole chunk, reduced once at its end.
+// Each cache vector is converted to float once and used for HG heads; fp8 codes widen through
+// binary16 (E4M3 with its exponent rebiased by a factor folded into the sums).
+
+#include <kpa/detail/host_isa.hpp>
+#include <kpa/detail/host_kernels_portable.hpp>
+
+#ifdef KPA_IMPL_X86_KERNELS
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#define KPA_IMPL_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace kpa::detail::avx2 {
+
+template <class CacheT>
+inline constexpr bool has_kernels = std::is_same_v<CacheT, float> || std::is_same_v<CacheT, half> ||
+                                    std::is_same_v<CacheT, bfloat16> || std::is_same_v<CacheT, fp8_e4m3> ||
+                                    std::is_same_v<CacheT, fp8_e5m2>;
+
+// ---- Loads: 8 cache elements as 8 floats, times 1 / Load<CacheT>::scale ----
+
+template <class CacheT>
+struct Load;
+
+template <>
+struct Load<float> {
+  static constexpr float scale = 1.0f;
+  KPA_IMPL_AVX2 static __m256 eight(const float* p) { return _mm256_loadu_ps(p); }
+};
+
+template <>
+struct Load<half> {
+  static constexpr float scale = 1.0f;
+  KPA_IMPL_AVX2 static __m256 eight(const half* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+};
+
+template <>
+struct Load<bfloat16> {
+  static constexpr float scale = 1.0f;
+  KPA_IMPL_AVX2 static __m256 eight(const bfloat16* p) {
+    const __m256i wide =
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+    // Quiet any signalling NaN, as to_float does: arithmetic on one would raise FE_INVALID.
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(wide, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    return _mm256_castsi256_ps(_mm256_or_si256(wide, _mm256_and_si256(nan, _mm256_set1_epi32(0x400000))));
+  }
+};
+
+/// OCP E5M2 is the upper byte of a binary16: widen, quiet NaNs, convert.
+template <>
+struct Load<fp8_e5m2> {
+  static constexpr float scale = 1.0f;
+  KPA_IMPL_AVX2 static __m256 eight(const fp8_e5m2* p) {
+    const __m128i h = _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x7c00));
+    return _mm256_cvtph_ps(_mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x0200))));
+  }
+};
+
+/// OCP E4M3FN: sign, 4 exponent and 3 mantissa bits moved into binary16 position give the value
+/// times 2^-8 (normal and subnormal alike; Load::scale undoes it); S.1111.111 becomes NaN.
+template <>
+struct Load<fp8_e4m3> {
+  static constexpr float scale = 256.0f;
+  KPA_IMPL_AVX2 static __m256 eight(const fp8_e4m3* p) {
+    const __m128i b = _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i h = _mm_and_si128(_mm_srai_epi16(b, 1), _mm_set1_epi16(static_cast<short>(0xbfff)));
+    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f00)), _mm_set1_epi16(0x7f00));
+    return _mm256_cvtph_ps(_mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7e00))));
+  }
+};
+
+/// Dimensions [8v, 8v + 8) of one cache slot whose X-element key vectors are `stride` apart.
+template <class CacheT>
+KPA_IMPL_AVX2 inline __m256 key_dims(const CacheT* slot, int stride, int v) {
+  constexpr int X = static_cast<int>(16 / sizeof(CacheT));
+  if constexpr (X == 4) {  // f32: two key vectors per register
+    const float* lo = slot + 2 * v * stride;
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(lo)), _mm_loadu_ps(lo + stride), 1);
+  } else if constexpr (X == 8) {
+    return Load<CacheT>::eight(slot + v * stride);
+  } else {  // fp8: a key vector is two registers
+    return Load<CacheT>::eight(slot + (v >> 1) * stride + (v & 1) * 8);
+  }
+}
+
+/// out[i] = the sum of the 8 lanes of acc[i], for N accumulators: hadd trees reduce eight at
+/// once, lanes crossing only at the end.
+template <int N>
+KPA_IMPL_AVX2 inline void reduce_lanes(const __m256 (&acc)[N], float (&out)[N]) {
+#pragma GCC unroll 4
+  for (int first = 0; first < N; first += 8) {
+    __m256 a[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) a[i] = first + i < N ? acc[first + i] : _mm256_setzero_ps();
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    // u0 = [a0..a3 low-half sums | a0..a3 high-half sums], u1 likewise for a4..a7.
+    const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, sums);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      if (first + i < N) out[first + i] = lanes[i];
+    }
+  }
+}
+
+KPA_IMPL_AVX2 inline float horizontal_sum(__m256 v) {
+  const __m128 folded = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_add_ps(folded, _mm_movehl_ps(folded, folded));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
+}
+
+/// exp(x) to about 1 ulp (Cephes' polynomial after reducing by ln 2): 0 below -87.33 (and for
+/// -inf), +inf above 88.37, NaN for NaN, without raising floating-point exceptions.
+KPA_IMPL_AVX2 inline __m256 exp8(__m256 x) {
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_LT_OQ);
+  const __m256 huge = _mm256_cmp_ps(x, _mm256_set1_ps(88.3762626647949f), _CMP_GT_OQ);
+  const __m256 special = _mm256_or_ps(nan, _mm256_or_ps(tiny, huge));
+  const __m256 r0 = _mm256_andnot_ps(special, x);  // 0 in special lanes: no conversion of NaN or inf
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(r0, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), r0);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 result = _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
+  result = _mm256_andnot_ps(tiny, result);
+  result = _mm256_blendv_ps(result, _mm256_set1_ps(__builtin_inff()), huge);
+  return _mm256_blendv_ps(result, x, nan);
+}
+
+/// Lane mask of the first n (0..8) lanes.
+KPA_IMPL_AVX2 inline __m256i first_lanes(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/// max(m, v) lane by lane, ignoring NaN in v, with quiet comparisons (MAXPS would raise
+/// FE_INVALID on a NaN).
+KPA_IMPL_AVX2 inline __m256 max_ignoring_nan(__m256 m, __m256 v) {
+  return _mm256_blendv_ps(m, v, _mm256_cmp_ps(v, m, _CMP_GT_OQ));
+}
+
+KPA_IMPL_AVX2 inline float row_softmax(float* p, int n, float slope, float position, float floor, float* max) {
+  const __m256 step = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 m = _mm256_set1_ps(floor);
+  for (int i = 0; i < n; i += 8) {
+    const __m256i mask = first_lanes(n - i);
+    __m256 v = _mm256_maskload_ps(p + i, mask);
+    if (slope != 0.0f) {  // ALiBi: slope * (position + i)
+      const __m256 at = _mm256_add_ps(_mm256_set1_ps(position + static_cast<float>(i)), step);
+      v = _mm256_fmadd_ps(_mm256_set1_ps(slope), at, v);
+      _mm256_maskstore_ps(p + i, mask, v);
+    }
+    m = max_ignoring_nan(m, _mm256_blendv_ps(_mm256_set1_ps(floor), v, _mm256_castsi256_ps(mask)));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float row_max = floor;
+  for (float lane : lanes) row_max = kpa::detail::max_ignoring_nan(row_max, lane);
+  *max = row_max;
+  if (row_max == -__builtin_inff()) {  // nothing attended
+    for (int i = 0; i < n; ++i) p[i] = 0.0f;
+    return 0.0f;
+  }
+  const __m256 mv = _mm256_set1_ps(row_max);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), mv));
+    const __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i + 8), mv));
+    _mm256_storeu_ps(p + i, e0);
+    _mm256_storeu_ps(p + i + 8, e1);
+    s0 = _mm256_add_ps(s0, e0);
+    s1 = _mm256_add_ps(s1, e1);
+  }
+  for (; i < n; i += 8) {
+    const __m256i mask = first_lanes(n - i);
+    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(p + i, mask), mv)), _mm256_castsi256_ps(mask));
+    _mm256_maskstore_ps(p + i, mask, e);
+    s0 = _mm256_add_ps(s0, e);
+  }
+  return horizontal_sum(_mm256_add_ps(s0, s1));
+}
+
+/// Keeps a loaded vector in a register: compilers otherwise fold the load into every FMA that
+/// uses it, and the loads, not the FMAs, limit the loop.
+#define KPA_IMPL_IN_REGISTER(v) __asm__("" : "+x"(v))
+
+// ---- q.k ----
+
+/// Head groups per register tile: at most four heads, three for groups of six.
+template <int H>
+inline constexpr int kHeadTile = H == 6 ? 3 : (H < 4 ? H : 4);
+
+/// Logits of S consecutive slots (the first at `key`) for HG heads (the first at q).
+template <int S, int HG, class CacheT>
+KPA_IMPL_AVX2 inline void logits_tile(const CacheT* key, int stride, int vectors, const float* q, int head_size,
+                                      float (&out)[S * HG]) {
+  constexpr int X = static_cast<int>(16 / sizeof(CacheT));
+  __m256 acc[S * HG];
+#pragma GCC unroll 16
+  for (int i = 0; i < S * HG; ++i) acc[i] = _mm256_setzero_ps();
+  for (int v = 0; v < vectors; ++v) {
+    __m256 k[S];
+#pragma GCC unroll 8
+    for (int s = 0; s < S; ++s) k[s] = key_dims(key + s * X, stride, v);
+#pragma GCC unroll 4
+    for (int g = 0; g < HG; ++g) {
+      __m256 qv = _mm256_loadu_ps(q + g * head_size + 8 * v);
+      KPA_IMPL_IN_REGISTER(qv);
+#pragma GCC unroll 8
+      for (int s = 0; s < S; ++s) acc[s * HG + g] = _mm256_fmadd_ps(qv, k[s], acc[s * HG + g]);
+    }
+  }
+  reduce_lanes(acc, out);
+}
+
+template <int S, int HG, class CacheT>
+KPA_IMPL_AVX2 inline void logits_slots(const BlockLogitsArgs<CacheT>& a, int g0, int slot) {
+  constexpr int X = static_cast<int>(16 / sizeof(CacheT));
+  float sums[S * HG];
+  logits_tile<S, HG>(a.key_block + slot * X, a.block_size * X, a.head_size / 8, a.q + g0 * a.head_size, a.head_size,
+                     sums);
+#pragma GCC unroll 8
+  for (int s = 0; s < S; ++s) {
+#pragma GCC unroll 4
+    for (int g = 0; g < HG; ++g) a.logits[(g0 + g) * a.logits_stride + slot + s] = sums[s * HG + g] * Load<CacheT>::scale;
+  }
+}
+
+/// Slots per q.k register tile for HG heads: S x HG accumulators, S key vectors, one query vector.
+template <int HG>
+inline constexpr int kSlotTile = HG == 1 ? 6 : (HG == 2 ? 4 : (HG == 3 ? 3 : 2));
+
+template <int H, class CacheT>
+KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a) {
+  if (a.head_size % 8 != 0) {  // f32 caches with head sizes of 4 (mod 8)
+    portable::block_logits<H, CacheT>(a);
+    return;
+  }
+  constexpr int HG = kHeadTile<H>;
+  constexpr int S = kSlotTile<HG>;
+  static_assert(H % HG == 0, "head tiles divide the heads of a pass");
+  for (int g0 = 0; g0 < H; g0 += HG) {
+    int slot = 0;
+    for (; slot + S <= a.slots; slot += S) logits_slots<S, HG>(a, g0, slot);
+    for (; slot < a.slots; ++slot) logits_slots<1, HG>(a, g0, slot);
+  }
+}
+
+// ---- p.V ----
+
+/// Output rows per register tile for HG heads: HG x R accumulators, R value rows, one
+/// probability register.
+template <int HG>
+inline constexpr int kRowTile = HG == 1 ? 6 : (HG == 2 ? 4 : (HG == 3 ? 3 : 2));
+
+/// Lanes [0, n) of 8 values at p (n < 8): no read past them (the cache may end there), zeros after.
+template <class CacheT>
+KPA_IMPL_AVX2 inline __m256 load_first(const CacheT* p, int n) {
+  CacheT buffer[8];
+  std::memset(static_cast<void*>(buffer), 0, sizeof buffer);
+  std::memcpy(static_cast<void*>(buffer), static_cast<const void*>(p), n * sizeof(CacheT));
+  return Load<CacheT>::eight(buffer);
+}
+
+/// One attended block of a chunk for p.V: its values (row 0) and probabilities (head 0).
+template <class CacheT>
+struct ValueRun {
+  const CacheT* values;  ///< value_cache[block][kv_head][0]
+  const float* probs;    ///< the block's first probability of the pass's first head
+  int slots;
+};
+
+/// o[g][d] = o[g][d] * weight[g] + sum over the runs of p_g * v[d] for heads [g0, g0 + HG) and
+/// rows [d0, d0 + R); without `rescale`, weight 1. FixedB: the block size when the compiler may
+/// unroll for it (every run but the last then fills its block), 0 for any.
+template <int HG, int R, int FixedB, class CacheT>
+KPA_IMPL_AVX2 inline void values_tile(const ChunkValuesArgs<CacheT>& a, const ValueRun<CacheT>* runs, int count,
+                                      int g0, int d0, bool rescale) {
+  const int B = FixedB > 0 ? FixedB : a.block_size;
+  const std::int64_t row0 = static_cast<std::int64_t>(d0) * B;
+  __m256 acc[HG * R];
+#pragma GCC unroll 16
+  for (int i = 0; i < HG * R; ++i) acc[i] = _mm256_setzero_ps();
+  for (int run = 0; run < count; ++run) {
+    const CacheT* v = runs[run].values + row0;
+    const float* p = runs[run].probs + g0 * a.probs_stride;
+    const int slots = FixedB > 0 && run + 1 < count ? FixedB : runs[run].slots;
+    int j = 0;
+#pragma GCC unroll 4
+    for (; j + 8 <= slots; j += 8) {
+      __m256 vv[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) vv[r] = Load<CacheT>::eight(v + r * B + j);
+#pragma GCC unroll 4
+      for (int g = 0; g < HG; ++g) {
+        __m256 pv = _mm256_loadu_ps(p + g * a.probs_stride + j);
+        KPA_IMPL_IN_REGISTER(pv);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[g * R + r] = _mm256_fmadd_ps(pv, vv[r], acc[g * R + r]);
+      }
+    }
+    if (j < slots) {  // slots past the sequence or the block may hold NaN: zero lanes, not 0 * NaN
+      const int n = slots - j;
+      const __m256i mask = first_lanes(n);
+      __m256 vv[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) vv[r] = load_first(v + r * B + j, n);
+#pragma GCC unroll 4
+      for (int g = 0; g < HG; ++g) {
+        const __m256 pv = _mm256_maskload_ps(p + g * a.probs_stride + j, mask);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[g * R + r] = _mm256_fmadd_ps(pv, vv[r], acc[g * R + r]);
+      }
+    }
+  }
+  float sums[HG * R];
+  reduce_lanes(acc, sums);
+#pragma GCC unroll 4
+  for (int g = 0; g < HG; ++g) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      float& o = a.o[(g0 + g) * a.head_size + d0 + r];
+      o = (rescale ? o * a.weight[g0 + g] : o) + sums[g * R + r] * Load<CacheT>::scale;
+    }
+  }
+}
+
+template <int H, class CacheT>
+KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin, int d_end) {
+  constexpr int HG = kHeadTile<H>;
+  constexpr int R = kRowTile<HG>;
+  constexpr int kMaxRuns = 64;
+  // The attended blocks, kMaxRuns at a time (at most two batches for chunks of 128 tokens).
+  ValueRun<CacheT> runs[kMaxRuns];
+  for (int first = 0; first < a.blocks; first += kMaxRuns) {
+    int count = 0;
+    for (int lb = first; lb < a.blocks && lb < first + kMaxRuns; ++lb) {
+      if (a.block_ids[lb] < 0) continue;  // attended by no head of the pass: never read
+      runs[count++] = {a.value_head + a.block_ids[lb] * a.block_stride, a.probs + lb * a.block_size,
+                       lb + 1 == a.blocks ? a.last_block_slots : a.block_size};
+    }
+    for (int g0 = 0; g0 < H; g0 += HG) {
+      int d = d_begin;
+      for (; d + R <= d_end; d += R) {
+        switch (a.block_size) {  // vLLM's block sizes
+          case 8: values_tile<HG, R, 8>(a, runs, count, g0, d, first == 0); break;
+          case 16: values_tile<HG, R, 16>(a, runs, count, g0, d, first == 0); break;
+          case 32: values_tile<HG, R, 32>(a, runs, count, g0, d, first == 0); break;
+          default: values_tile<HG, R, 0>(a, runs, count, g0, d, first == 0); break;
+        }
+      }
+      for (; d < d_end; ++d) values_tile<HG, 1, 0>(a, runs, count, g0, d, first == 0);
+    }
+  }
+}
+
+}  // namespace kpa::detail::avx2
+
+#endif

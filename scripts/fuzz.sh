@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer target over the C ABI (fuzz/fuzz_c_api.cpp: clang, AddressSanitizer and
+# UndefinedBehaviorSanitizer, against a Serial Kokkos built with clang) and runs it, starting from
+# the committed seed corpus fuzz/corpus (new inputs go to a scratch folder, not into it).
+#
+#   scripts/fuzz.sh                    a bounded run: 60 s (KPA_FUZZ_SECONDS)
+#   scripts/fuzz.sh -runs=1000000      any libFuzzer options instead (e.g. a long run)
+#
+# A finding stops the run with a nonzero status and the input in <build>/crash-*.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+log() { printf '[kpa fuzz] %s\n' "$*" >&2; }
+build=${FUZZ_BUILD_DIR:-$repo/build-fuzz}
+kokkos=$("$repo/scripts/bootstrap-deps.sh" --clang)
+cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ -DKokkos_ROOT="$kokkos" \
+  -DKPA_ENABLE_FUZZER=ON -DKPA_ENABLE_TESTS=OFF -DKPA_ENABLE_BENCHMARKS=OFF -DKPA_ENABLE_EXAMPLES=OFF >&2
+cmake --build "$build" -j "${KPA_BUILD_JOBS:-$(nproc)}" --target kpa-fuzz-c-api >&2
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+options=("$@")
+[ "${#options[@]}" -gt 0 ] || options=(-max_total_time="${KPA_FUZZ_SECONDS:-60}")
+log "running kpa-fuzz-c-api ${options[*]}"
+ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
+  "$build/fuzz/kpa-fuzz-c-api" -artifact_prefix="$build/" -print_final_stats=1 "${options[@]}" \
+  "$scratch" "$repo/fuzz/corpus"

@@ -1,0 +1,259 @@
+// The host path's inner loops (detail/host_kernels.hpp) on their own, for every instruction set
+// this machine runs, against float64 sums written here: every cache type, odd block and head
+// sizes, partly filled blocks whose unused slots hold NaN, skipped blocks, and the exp's special
+// values. The attention tests cover them again inside the kernels.
+
+#include "problem.hpp"
+
+#include <kpa/detail/host_kernels.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using kpa::HostIsa;
+
+std::vector<HostIsa> isas_here() {
+  std::vector<HostIsa> isas{HostIsa::Portable};
+  const HostIsa best = std::min(kpa::detail::cpu_host_isa(), kpa::detail::kCompiledHostIsa);
+  if (best >= HostIsa::Avx2) isas.push_back(HostIsa::Avx2);
+  return isas;
+}
+
+std::string name_of(HostIsa isa) { return std::string(kpa::to_string(isa)); }
+
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+TEST(HostKernels, RowSoftmaxMatchesStdExpAndKeepsSpecialValues) {
+  for (HostIsa isa : isas_here()) {
+    const auto kernels = kpa::detail::host_kernels<1, float>(isa);
+    std::vector<float> x;
+    for (float v = -100.0f; v <= 0.0f; v += 0.0371f) x.push_back(v);
+    x.push_back(-kInf);
+    x.push_back(kNan);
+    x.push_back(-87.0f);
+    x.push_back(-88.0f);
+    x.push_back(0.0f);
+    std::vector<float> p(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) p[i] = x[i] + 0.5f;  // the row's max is 0.5
+    float max = 0.0f;
+    const float sum = kernels.row_softmax(p.data(), static_cast<int>(p.size()), 0.0f, 0.0f, -kInf, &max);
+    EXPECT_EQ(max, 0.5f) << name_of(isa) << ": NaN is ignored by the max";
+    EXPECT_TRUE(std::isnan(sum)) << name_of(isa) << ": a NaN logit makes the sum NaN";
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double expected = std::exp(static_cast<double>(x[i]));
+      if (std::isnan(x[i])) {
+        EXPECT_TRUE(std::isnan(p[i])) << name_of(isa);
+      } else if (expected < 1.2e-38) {  // below the smallest normal float: flushed to zero is fine
+        EXPECT_LE(p[i], 1.2e-38f) << name_of(isa) << " x = " << x[i];
+        EXPECT_GE(p[i], 0.0f) << name_of(isa) << " x = " << x[i];
+      } else {
+        EXPECT_NEAR(p[i], expected, 4e-7 * expected) << name_of(isa) << " x = " << x[i];
+      }
+    }
+  }
+}
+
+TEST(HostKernels, RowSoftmaxAddsAlibiAndTakesTheFloor) {
+  for (HostIsa isa : isas_here()) {
+    const auto kernels = kpa::detail::host_kernels<1, float>(isa);
+    for (int n = 0; n <= 19; ++n) {
+      std::vector<float> logits(n);
+      for (int i = 0; i < n; ++i) logits[i] = std::sin(1.7f * i);
+      for (float floor : {-kInf, 0.3f, 5.0f}) {
+        const float slope = 0.25f, position = -static_cast<float>(n) + 1;
+        std::vector<float> p = logits;
+        float max = 0.0f;
+        const float sum = kernels.row_softmax(p.data(), n, slope, position, floor, &max);
+        double expected_max = floor, expected_sum = 0.0;
+        for (int i = 0; i < n; ++i) expected_max = std::max(expected_max, logits[i] + slope * (position + i) + 0.0);
+        if (expected_max == -kInf) {  // n = 0 with no floor (EXPECT_NEAR of infinities is NaN)
+          EXPECT_EQ(max, -kInf) << name_of(isa);
+        } else {
+          EXPECT_NEAR(max, expected_max, 1e-6) << name_of(isa) << " n " << n;
+        }
+        for (int i = 0; i < n; ++i) {
+          const double e = expected_max == -kInf ? 0.0 : std::exp(logits[i] + slope * (position + i) - expected_max);
+          expected_sum += e;
+          EXPECT_NEAR(p[i], e, 1e-6) << name_of(isa) << " n " << n << " i " << i;
+        }
+        EXPECT_NEAR(sum, expected_sum, 1e-5) << name_of(isa) << " n " << n;
+      }
+      // Nothing attended: a max of -inf gives zeros and a zero sum.
+      std::vector<float> masked(n, -kInf);
+      float max = 0.0f;
+      EXPECT_EQ(kernels.row_softmax(masked.data(), n, 0.0f, 0.0f, -kInf, &max), 0.0f) << name_of(isa);
+      EXPECT_EQ(max, -kInf) << name_of(isa);
+      for (float v : masked) EXPECT_EQ(v, 0.0f) << name_of(isa);
+    }
+  }
+}
+
+/// A random cache block of one kv head in vLLM's layouts (keys [D/x][B][x], values [D][B]),
+/// holding codes of storage type S; slots at or past `filled` hold NaN.
+template <class S>
+struct Block {
+  static constexpr int X = static_cast<int>(16 / sizeof(S));
+  int B, D;
+  std::vector<S> keys, values;
+  std::vector<double> key, value;  // [slot][d], as the kernels must read them
+
+  Block(int block_size, int head_size, int filled, std::mt19937& rng) : B(block_size), D(head_size) {
+    keys.resize(static_cast<std::size_t>(B) * D);
+    values.resize(keys.size());
+    key.assign(keys.size(), 0.0);
+    value.assign(keys.size(), 0.0);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (int slot = 0; slot < B; ++slot)
+      for (int d = 0; d < D; ++d) {
+        const float kv = slot < filled ? uniform(rng) : kNan, vv = slot < filled ? uniform(rng) : kNan;
+        const S kc = kpa::detail::from_float<S>(kv), vc = kpa::detail::from_float<S>(vv);
+        keys[(static_cast<std::size_t>(d / X) * B + slot) * X + d % X] = kc;
+        values[static_cast<std::size_t>(d) * B + slot] = vc;
+        key[static_cast<std::size_t>(slot) * D + d] = kpa::to_float(kc);
+        value[static_cast<std::size_t>(slot) * D + d] = kpa::to_float(vc);
+      }
+  }
+};
+
+template <int H, class S>
+void check_block_logits(HostIsa isa, int block_size, int head_size) {
+  std::mt19937 rng(block_size * 131 + head_size * 7 + H);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const auto kernels = kpa::detail::host_kernels<H, S>(isa);
+  for (int slots : {block_size, block_size - 1, 1}) {
+    if (slots < 1) continue;
+    const Block<S> block(block_size, head_size, slots, rng);
+    std::vector<float> q(static_cast<std::size_t>(H) * head_size);
+    for (float& v : q) v = uniform(rng);
+    const int stride = block_size + 3;
+    std::vector<float> logits(static_cast<std::size_t>(H) * stride, -12345.0f);
+    const kpa::detail::BlockLogitsArgs<S> args{block.keys.data(), block_size,    head_size, slots,
+                                               q.data(),          logits.data(), stride};
+    kernels.block_logits(args);
+    for (int g = 0; g < H; ++g) {
+      for (int slot = 0; slot < slots; ++slot) {
+        double dot = 0.0;
+        for (int d = 0; d < head_size; ++d) dot += q[g * head_size + d] * block.key[slot * head_size + d];
+        EXPECT_NEAR(logits[g * stride + slot], dot, 2e-5 * (1 + std::fabs(dot)))
+            << name_of(isa) << " H " << H << " B " << block_size << " D " << head_size << " slot " << slot;
+      }
+      for (int slot = slots; slot < stride; ++slot) EXPECT_EQ(logits[g * stride + slot], -12345.0f) << "written past";
+    }
+  }
+}
+
+template <int H, class S>
+void check_chunk_values(HostIsa isa, int block_size, int head_size) {
+  std::mt19937 rng(block_size * 17 + head_size + H);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  const auto kernels = kpa::detail::host_kernels<H, S>(isa);
+  // Three blocks, the middle one skipped (id -1), the last partly filled.
+  const int blocks = 3, last = block_size > 1 ? block_size - 1 : 1;
+  std::vector<Block<S>> cache;
+  for (int b = 0; b < blocks; ++b) cache.emplace_back(block_size, head_size, b + 1 == blocks ? last : block_size, rng);
+  std::vector<S> values;  // the cache: blocks 2, 0, 1 in memory, so ids are not positions
+  const int order[] = {2, 0, 1};
+  for (int at : order) values.insert(values.end(), cache[at].values.begin(), cache[at].values.end());
+  const int ids[] = {1, -1, 0};  // chunk block 0 in memory slot 1, block 2 in memory slot 0
+  const int probs_stride = blocks * block_size + 5;
+  std::vector<float> probs(static_cast<std::size_t>(H) * probs_stride, kNan);  // NaN past the chunk
+  for (int g = 0; g < H; ++g)
+    for (int t = 0; t < (blocks - 1) * block_size + last; ++t) probs[g * probs_stride + t] = uniform(rng);
+  std::vector<float> o(static_cast<std::size_t>(H) * head_size), weight(H);
+  for (float& v : o) v = uniform(rng);
+  for (float& v : weight) v = uniform(rng);
+  const std::vector<float> o_before = o;
+  const int begin = head_size > 5 ? 3 : 0, end = head_size;  // a range that starts off any tile
+  const kpa::detail::ChunkValuesArgs<S> args{values.data(), static_cast<std::int64_t>(block_size) * head_size,
+                                             ids,           blocks,
+                                             last,          block_size,
+                                             head_size,     probs.data(),
+                                             probs_stride,  weight.data(),
+                                             o.data()};
+  kernels.chunk_values(args, begin, end);
+  for (int g = 0; g < H; ++g)
+    for (int d = 0; d < head_size; ++d) {
+      double expected = o_before[g * head_size + d];
+      if (d >= begin && d < end) {
+        expected *= weight[g];
+        for (int lb : {0, 2}) {
+          const int slots = lb == 2 ? last : block_size;
+          for (int slot = 0; slot < slots; ++slot)
+            expected += probs[g * probs_stride + lb * block_size + slot] * cache[lb].value[slot * head_size + d];
+        }
+      }
+      EXPECT_NEAR(o[g * head_size + d], expected, 2e-5 * (1 + std::fabs(expected)))
+          << name_of(isa) << " H " << H << " B " << block_size << " D " << head_size << " d " << d;
+    }
+}
+
+template <int H, class S>
+void check_shapes(const std::vector<int>& head_sizes) {
+  for (HostIsa isa : isas_here())
+    for (int block_size : {1, 3, 8, 12, 16, 32})
+      for (int head_size : head_sizes) {
+        check_block_logits<H, S>(isa, block_size, head_size);
+        check_chunk_values<H, S>(isa, block_size, head_size);
+      }
+}
+
+TEST(HostKernels, F32Caches) {
+  check_shapes<1, float>({4, 12, 36, 128});
+  check_shapes<4, float>({12, 64});
+}
+TEST(HostKernels, F16Caches) {
+  check_shapes<1, kpa::half>({8, 24, 128});
+  check_shapes<2, kpa::half>({40});
+  check_shapes<4, kpa::half>({64, 256});
+  check_shapes<6, kpa::half>({80});
+  check_shapes<8, kpa::half>({128});
+}
+TEST(HostKernels, Bf16Caches) { check_shapes<4, kpa::bfloat16>({8, 96}); }
+TEST(HostKernels, Fp8Caches) {
+  check_shapes<1, kpa::fp8_e4m3>({16, 48});
+  check_shapes<4, kpa::fp8_e4m3>({128});
+  check_shapes<2, kpa::fp8_e5m2>({16, 64});
+  check_shapes<8, kpa::fp8_e5m2>({32});
+}
+
+// Every fp8 code widens to its value in the vector loads (NaN codes to NaN).
+TEST(HostKernels, Fp8CodesWidenExactly) {
+  for (HostIsa isa : isas_here()) {
+    for (int e5m2 = 0; e5m2 < 2; ++e5m2) {
+      for (int code = 0; code < 256; ++code) {
+        // One slot, one head, head size 16: logit = sum of q_d * k_d with q one-hot at d = 3.
+        std::vector<std::uint8_t> keys(16, 0);
+        keys[3] = static_cast<std::uint8_t>(code);
+        std::vector<float> q(16, 0.0f);
+        q[3] = 1.0f;
+        float logit = 0.0f;
+        const float expected = e5m2 ? kpa::to_float(kpa::fp8_e5m2{static_cast<std::uint8_t>(code)})
+                                    : kpa::to_float(kpa::fp8_e4m3{static_cast<std::uint8_t>(code)});
+        if (e5m2) {
+          const auto kernels = kpa::detail::host_kernels<1, kpa::fp8_e5m2>(isa);
+          kernels.block_logits({reinterpret_cast<const kpa::fp8_e5m2*>(keys.data()), 1, 16, 1, q.data(), &logit, 1});
+        } else {
+          const auto kernels = kpa::detail::host_kernels<1, kpa::fp8_e4m3>(isa);
+          kernels.block_logits({reinterpret_cast<const kpa::fp8_e4m3*>(keys.data()), 1, 16, 1, q.data(), &logit, 1});
+        }
+        if (std::isnan(expected)) {
+          EXPECT_TRUE(std::isnan(logit)) << name_of(isa) << " code " << code << " e5m2 " << e5m2;
+        } else if (std::isinf(expected)) {
+          EXPECT_EQ(logit, expected) << name_of(isa) << " code " << code;  // 0 * inf elsewhere would be NaN: q is 0 there
+        } else {
+          EXPECT_EQ(logit, expected) << name_of(isa) << " code " << code << " e5m2 " << e5m2;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
