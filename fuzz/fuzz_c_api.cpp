@@ -25,8 +25,13 @@
 
 namespace {
 
+struct Call;
+const Call* current = nullptr;  // the call under test, described by fail()
+void describe(const Call& c);
+
 [[noreturn]] void fail(const char* what, double a = 0, double b = 0) {
   std::fprintf(stderr, "kpa fuzz: %s (%g, %g); last error: %s\n", what, a, b, kpa_last_error());
+  if (current != nullptr) describe(*current);
   std::abort();
 }
 
@@ -68,6 +73,23 @@ struct Call {
   int64_t partition, partitions;  // v2
   bool check_indices;
 };
+
+void describe(const Call& c) {
+  std::fprintf(stderr,
+               "  entry %d dtype %d cache_dtype %d seqs %lld heads %lld kv_heads %lld head %lld blocks %lld block %lld "
+               "columns %lld max_seq_len %lld\n  scale %g k_scale %g v_scale %g alibi %d sparse %d (local %d stride %d "
+               "block %d step %d) tp_rank %d partition %lld partitions %lld check_indices %d\n  seq_lens",
+               c.entry, c.dtype, c.cache_dtype, static_cast<long long>(c.seqs), static_cast<long long>(c.heads),
+               static_cast<long long>(c.kv_heads), static_cast<long long>(c.head), static_cast<long long>(c.blocks),
+               static_cast<long long>(c.block), static_cast<long long>(c.columns),
+               static_cast<long long>(c.max_seq_len), c.scale, c.k_scale, c.v_scale, c.alibi, c.sparse,
+               c.pattern.local_blocks, c.pattern.vert_stride, c.pattern.block_size, c.pattern.head_sliding_step,
+               c.tp_rank, static_cast<long long>(c.partition), static_cast<long long>(c.partitions), c.check_indices);
+  for (int32_t len : c.seq_lens) std::fprintf(stderr, " %d", len);
+  std::fprintf(stderr, "\n  tables");
+  for (int32_t id : c.tables) std::fprintf(stderr, " %d", id);
+  std::fprintf(stderr, "\n");
+}
 
 /// The contract, from kpa.h and the README: whether `c` must succeed.
 bool valid(const Call& c) {
@@ -157,6 +179,7 @@ void check_attention(const Call& c, const std::vector<std::uint8_t>& query, cons
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (kpa_init() != KPA_OK) fail("kpa_init");
+  std::atexit(kpa_finalize);
   return 0;
 }
 
@@ -203,6 +226,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int64_t needed = c.partition > 0 ? (c.max_seq_len + c.partition - 1) / c.partition : 1;
   c.partitions = std::max<int64_t>(0, needed + (in.ConsumeIntegralInRange(0, 7) == 0 ? -1 : in.ConsumeIntegralInRange(0, 1)));
   c.check_indices = in.ConsumeIntegralInRange(0, 3) != 0;
+  current = &c;
   std::mt19937 rng(in.ConsumeIntegral<std::uint32_t>());
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
 
@@ -228,11 +252,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const int32_t block = c.tables[s * c.columns + b];
         if (block >= 0 && block < c.blocks) owned[block * c.block + slot] = 1;
       }
+  // Element i's block is i / (kv_heads * head * block) in both layouts; its slot is i % block for
+  // values ([..][head][block]) and (i / x) % block for keys ([..][head/x][block][x]).
+  const float ks = fp8 ? c.k_scale : 1.0f, vs = fp8 ? c.v_scale : 1.0f;
   for (int64_t i = 0; i < kv_elems; ++i) {
-    if (!owned[(i / (c.kv_heads * c.head * c.block)) * c.block + i % c.block]) continue;
-    const float ks = fp8 ? c.k_scale : 1.0f, vs = fp8 ? c.v_scale : 1.0f;
-    store(keys, i, cache_type, fp8 ? uniform(rng) / ks : uniform(rng));
-    store(values, i, cache_type, fp8 ? uniform(rng) / vs : uniform(rng));
+    const int64_t block = i / (c.kv_heads * c.head * c.block);
+    if (owned[block * c.block + (i / x) % c.block]) store(keys, i, cache_type, fp8 ? uniform(rng) / ks : uniform(rng));
+    if (owned[block * c.block + i % c.block]) store(values, i, cache_type, fp8 ? uniform(rng) / vs : uniform(rng));
   }
   const int64_t q_elems = std::max<int64_t>(c.seqs * c.heads * c.head, 0);
   std::vector<std::uint8_t> query(q_elems * 4), out(q_elems * 4, 0xff);
@@ -240,7 +266,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (int64_t i = 0; i < q_elems; ++i) store(query, i, act_type, uniform(rng));
   std::vector<float> slopes(std::max<int64_t>(c.heads, 0));
   for (float& a : slopes) a = uniform(rng) * 0.5f;
-  (void)x;
 
   kpa_set_check_indices(1);
   const bool expect_ok = valid(c);

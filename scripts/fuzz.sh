@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer target over the C ABI (fuzz/fuzz_c_api.cpp: clang, AddressSanitizer and
 # UndefinedBehaviorSanitizer, against a Serial Kokkos built with clang) and runs it, starting from
-# the committed seed corpus fuzz/corpus (new inputs go to a scratch folder, not into it).
+# the committed seed corpus (fuzz/seed_corpus.b64: one base64 input a line; new inputs go to a
+# scratch folder).
 #
 #   scripts/fuzz.sh                    a bounded run: 60 s (KPA_FUZZ_SECONDS)
 #   scripts/fuzz.sh -runs=1000000      any libFuzzer options instead (e.g. a long run)
@@ -18,9 +19,15 @@ cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=cla
 cmake --build "$build" -j "${KPA_BUILD_JOBS:-$(nproc)}" --target kpa-fuzz-c-api >&2
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
+mkdir "$scratch/seeds" "$scratch/new"
+n=0
+while read -r line; do
+  printf '%s' "$line" | base64 -d > "$scratch/seeds/$n"
+  n=$((n + 1))
+done < "$repo/fuzz/seed_corpus.b64"
 options=("$@")
 [ "${#options[@]}" -gt 0 ] || options=(-max_total_time="${KPA_FUZZ_SECONDS:-60}")
 log "running kpa-fuzz-c-api ${options[*]}"
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
   "$build/fuzz/kpa-fuzz-c-api" -artifact_prefix="$build/" -print_final_stats=1 "${options[@]}" \
-  "$scratch" "$repo/fuzz/corpus"
+  "$scratch/new" "$scratch/seeds"

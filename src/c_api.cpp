@@ -9,6 +9,7 @@
 #include <atomic>
 #include <climits>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <memory>
@@ -83,6 +84,18 @@ class KokkosThread {
   }
 
   bool is_current() const { return std::this_thread::get_id() == id_.load(); }
+
+  /// A program that exits without kpa_finalize: the thread ends (Kokkos is left as it is, the
+  /// process is ending), rather than being destroyed while it waits.
+  ~KokkosThread() {
+    if (!thread_.joinable()) return;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      accepting_ = false;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
 
  private:
   void loop() {
@@ -172,9 +185,18 @@ struct Tag {
   using type = T;
 };
 
+/// A kpa_dtype argument as the int the caller passed. C callers may pass any int, and C++ must not
+/// read an enum object holding a value outside the enum's range: copy its bytes instead.
+int dtype_value(const kpa_dtype& dtype) {
+  int value = 0;
+  static_assert(sizeof value == sizeof dtype, "kpa_dtype is an int-sized enum");
+  std::memcpy(&value, &dtype, sizeof value);
+  return value;
+}
+
 /// Calls run(Tag<activation type>, Tag<cache element>, kv_cache_dtype) for a (dtype, cache_dtype) pair.
 template <class Run>
-void with_types(const char* call, kpa_dtype dtype, kpa_dtype cache_dtype, Run&& run) {
+void with_types(const char* call, int dtype, int cache_dtype, Run&& run) {
   const bool fp8 = cache_dtype == KPA_FP8_E4M3 || cache_dtype == KPA_FP8_E5M2;
   if (!fp8 && cache_dtype != dtype) {
     invalid(call, "cache_dtype " + std::to_string(cache_dtype) + " must equal dtype " + std::to_string(dtype) +
@@ -202,10 +224,10 @@ void with_types(const char* call, kpa_dtype dtype, kpa_dtype cache_dtype, Run&& 
 /// The arguments every attention entry point shares.
 struct AttentionArgs {
   const void* query;
-  kpa_dtype dtype;
+  int dtype;  ///< a kpa_dtype value
   const void* key_cache;
   const void* value_cache;
-  kpa_dtype cache_dtype;
+  int cache_dtype;  ///< a kpa_dtype value
   int64_t num_seqs, num_heads, num_kv_heads, head_size, num_blocks, block_size;
   const int32_t* block_tables;
   int64_t max_blocks_per_seq;
@@ -343,9 +365,11 @@ int kpa_paged_attention_v1(void* out, const void* query, kpa_dtype dtype, const 
                            int64_t max_seq_len, float scale, const float* alibi_slopes, float k_scale, float v_scale,
                            int tp_rank, const kpa_block_sparse* block_sparse) {
   return guarded([&] {
-    const AttentionArgs args{query, dtype, key_cache, value_cache, cache_dtype, num_seqs, num_heads, num_kv_heads,
-                             head_size, num_blocks, block_size, block_tables, max_blocks_per_seq, seq_lens,
-                             max_seq_len, scale, alibi_slopes, k_scale, v_scale, tp_rank, block_sparse};
+    const AttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
+                             num_seqs,      num_heads,          num_kv_heads,  head_size,    num_blocks,
+                             block_size,    block_tables,       max_blocks_per_seq, seq_lens, max_seq_len,
+                             scale,         alibi_slopes,       k_scale,       v_scale,      tp_rank,
+                             block_sparse};
     with_attention_views("kpa_paged_attention_v1", out, args, [&](auto, auto&&... views) {
       kpa::paged_attention_v1(Space(), views...);
     });
@@ -367,9 +391,11 @@ int kpa_paged_attention_v2(void* out, float* exp_sums, float* max_logits, void* 
     require(call, "exp_sums", exp_sums, any);
     require(call, "max_logits", max_logits, any);
     require(call, "tmp_out", tmp_out, any);
-    const AttentionArgs args{query, dtype, key_cache, value_cache, cache_dtype, num_seqs, num_heads, num_kv_heads,
-                             head_size, num_blocks, block_size, block_tables, max_blocks_per_seq, seq_lens,
-                             max_seq_len, scale, alibi_slopes, k_scale, v_scale, tp_rank, block_sparse};
+    const AttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
+                             num_seqs,      num_heads,          num_kv_heads,  head_size,    num_blocks,
+                             block_size,    block_tables,       max_blocks_per_seq, seq_lens, max_seq_len,
+                             scale,         alibi_slopes,       k_scale,       v_scale,      tp_rank,
+                             block_sparse};
     with_attention_views(call, out, args, [&](auto t, const auto& out_view, const auto& query_view, const auto& kc,
                                               const auto& vc, const auto& bt, const auto& sl, int max_len,
                                               const auto& alibi, const kpa::AttentionParams& params) {
@@ -392,9 +418,11 @@ int kpa_paged_attention(void* out, const void* query, kpa_dtype dtype, const voi
   return guarded([&] {
     const std::lock_guard<std::mutex> lock(workspace_mutex);
     if (!workspace) workspace = std::make_unique<kpa::Workspace<Space>>();
-    const AttentionArgs args{query, dtype, key_cache, value_cache, cache_dtype, num_seqs, num_heads, num_kv_heads,
-                             head_size, num_blocks, block_size, block_tables, max_blocks_per_seq, seq_lens,
-                             max_seq_len, scale, alibi_slopes, k_scale, v_scale, tp_rank, block_sparse};
+    const AttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
+                             num_seqs,      num_heads,          num_kv_heads,  head_size,    num_blocks,
+                             block_size,    block_tables,       max_blocks_per_seq, seq_lens, max_seq_len,
+                             scale,         alibi_slopes,       k_scale,       v_scale,      tp_rank,
+                             block_sparse};
     with_attention_views("kpa_paged_attention", out, args, [&](auto, auto&&... views) {
       kpa::paged_attention(Space(), *workspace, views...);
     });
@@ -417,7 +445,7 @@ int kpa_reshape_and_cache(const void* key, const void* value, kpa_dtype dtype, v
     require(call, "slot_mapping", slot_mapping, tokens > 0);
     require(call, "key_cache", key_cache, blocks > 0);
     require(call, "value_cache", value_cache, blocks > 0);
-    with_types(call, dtype, cache_dtype, [&](auto t, auto c, kpa::KVCacheDType kv) {
+    with_types(call, dtype_value(dtype), dtype_value(cache_dtype), [&](auto t, auto c, kpa::KVCacheDType kv) {
       using T = typename decltype(t)::type;
       using C = typename decltype(c)::type;
       const int x = static_cast<int>(16 / sizeof(C));

@@ -11,6 +11,10 @@
 #include <sstream>
 #include <vector>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
 namespace kpa {
 namespace {
 
@@ -109,10 +113,18 @@ HostIsa parse_host_isa(std::string_view name) {
 namespace detail {
 HostIsa cpu_host_isa() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  // AVX2, FMA and F16C, and the operating system saving the YMM registers (cpuid and xgetbv:
+  // not every compiler's __builtin_cpu_supports knows F16C).
   static const HostIsa isa = [] {
-    __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    return avx2 ? HostIsa::Avx2 : HostIsa::Portable;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return HostIsa::Portable;
+    const bool fma = (c >> 12) & 1u, osxsave = (c >> 27) & 1u, avx = (c >> 28) & 1u, f16c = (c >> 29) & 1u;
+    if (!(fma && osxsave && avx && f16c)) return HostIsa::Portable;
+    unsigned xcr0 = 0, xcr0_high = 0;
+    __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+    if ((xcr0 & 6u) != 6u) return HostIsa::Portable;  // XMM and YMM state
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return HostIsa::Portable;
+    return ((b >> 5) & 1u) ? HostIsa::Avx2 : HostIsa::Portable;
   }();
   return isa;
 #else

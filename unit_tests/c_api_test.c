@@ -137,7 +137,7 @@ int main(void) {
   }
   CHECK(kpa_init() == KPA_OK, "kpa_init again");
   CHECK(strlen(kpa_version()) > 0, "kpa_version");
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   /* libkpa.so is built for baseline x86-64: its kernels still use AVX2 where the CPU has it. */
   __builtin_cpu_init();
   const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");

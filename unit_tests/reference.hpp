@@ -89,12 +89,18 @@ inline ReferencePart reference_part(const HostProblem& p, int seq, int head, int
   part.out.assign(p.head_size, 0.0);
   if (begin >= end) return part;
   std::vector<double> logits(end - begin);
+  bool nan_logit = false;
   for (int t = begin; t < end; ++t) {
     if (!p.attends(seq, head, t)) continue;
     logits[t - begin] = p.logit(seq, head, t);
+    nan_logit = nan_logit || std::isnan(logits[t - begin]);
     part.max_logit = std::fmax(part.max_logit, logits[t - begin]);
   }
-  if (part.max_logit == -std::numeric_limits<double>::infinity()) return part;  // nothing attended
+  if (part.max_logit == -std::numeric_limits<double>::infinity()) {  // nothing attended but corrupt data
+    if (nan_logit) part.exp_sum = std::numeric_limits<double>::quiet_NaN();
+    for (double& o : part.out) o = nan_logit ? std::numeric_limits<double>::quiet_NaN() : 0.0;
+    return part;
+  }
   for (int t = begin; t < end; ++t) {
     if (!p.attends(seq, head, t)) continue;
     const double w = std::exp(logits[t - begin] - part.max_logit);

@@ -56,6 +56,26 @@ TYPED_TEST(NanSemantics, AttendedNanShowsInTheAffectedOutputsF32) { check_nan_pa
 TYPED_TEST(NanSemantics, AttendedNanShowsInTheAffectedOutputsF16) { check_nan_pattern<kpa::half, TypeParam>(); }
 TYPED_TEST(NanSemantics, AttendedNanShowsInTheAffectedOutputsBF16) { check_nan_pattern<kpa::bfloat16, TypeParam>(); }
 
+// A sequence whose only attended logits are NaN: no finite max exists, and the output is still NaN
+// (not the zeros of a sequence with nothing to attend).
+TYPED_TEST(NanSemantics, OnlyNanLogitsGiveNan) {
+  ProblemSpec spec = nan_spec();
+  spec.seq_lens = {1, 2, 0};
+  HostProblem p = make_problem<float>(spec);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  p.keys[element(p, 0, 0, 0, 3)] = nan;  // sequence 0's only token, kv head 0
+  p.keys[element(p, 1, 0, 1, 0)] = nan;  // both tokens of sequence 1, kv head 1
+  p.keys[element(p, 1, 1, 1, 7)] = nan;
+  const std::vector<double> ref = reference_attention(p);
+  const auto at = [&](int s, int h) { return ref[(static_cast<std::size_t>(s) * p.num_heads + h) * p.head_size]; };
+  for (int h = 0; h < 8; ++h) {
+    ASSERT_EQ(std::isnan(at(0, h)), h < 4) << h;
+    ASSERT_EQ(std::isnan(at(1, h)), h >= 4) << h;
+    ASSERT_EQ(at(2, h), 0.0) << h;
+  }
+  check_attention_on<float, TypeParam>(p, 16);
+}
+
 // NaN in blocks a sparse pattern skips, and past every sequence's end, never shows.
 TYPED_TEST(NanSemantics, UnattendedNanNeverShows) {
   ProblemSpec spec = nan_spec();

@@ -20,8 +20,8 @@ template <int H, class CacheT>
 struct HostKernels {
   void (*block_logits)(const BlockLogitsArgs<CacheT>&);
   /// For i < n: p[i] += slope * (position + i) (ALiBi; slope 0: none); then *max = the largest of
-  /// `floor` and every p[i] (NaN ignored), p[i] = exp(p[i] - *max) (0s when *max is -inf: nothing
-  /// attended), and the sum of the p[i] returned (NaN if any p[i] is).
+  /// `floor` and every p[i] (NaN ignored), p[i] = exp(p[i] - *max) (when *max is -inf, nothing is
+  /// attended: 0, or NaN for a NaN), and the sum of the p[i] returned (NaN if any p[i] is).
   float (*row_softmax)(float* p, int n, float slope, float position, float floor, float* max);
   void (*chunk_values)(const ChunkValuesArgs<CacheT>&, int d_begin, int d_end);
 };

@@ -72,7 +72,8 @@ inline float row_softmax(float* p, int n, float slope, float position, float flo
   *max = m;
   float sum = 0.0f;
   for (int i = 0; i < n; ++i) {
-    p[i] = m == -compat::infinity() ? 0.0f : compat::exp(p[i] - m);
+    // With nothing attended only a NaN logit (corrupt data) may remain, and it stays NaN.
+    p[i] = m == -compat::infinity() ? (p[i] != p[i] ? p[i] : 0.0f) : compat::exp(p[i] - m);
     sum += p[i];
   }
   return sum;

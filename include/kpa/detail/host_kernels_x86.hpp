@@ -186,9 +186,13 @@ KPA_IMPL_AVX2 inline float row_softmax(float* p, int n, float slope, float posit
   float row_max = floor;
   for (float lane : lanes) row_max = kpa::detail::max_ignoring_nan(row_max, lane);
   *max = row_max;
-  if (row_max == -__builtin_inff()) {  // nothing attended
-    for (int i = 0; i < n; ++i) p[i] = 0.0f;
-    return 0.0f;
+  if (row_max == -__builtin_inff()) {  // nothing attended; a NaN logit (corrupt data) stays NaN
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      p[i] = p[i] != p[i] ? p[i] : 0.0f;
+      sum += p[i];
+    }
+    return sum;
   }
   const __m256 mv = _mm256_set1_ps(row_max);
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();

@@ -60,6 +60,9 @@ struct SoftmaxState {
   /// s * exp(m - M) / S. This is how the v2 reduce combines per-partition outputs.
   KOKKOS_INLINE_FUNCTION float share_of(const SoftmaxState& part) const {
     if (exp_sum == 0.0f || part.exp_sum == 0.0f) return 0.0f;
+    // A part with no finite logit but a sum is one whose logits were all NaN: its share is NaN
+    // (and (-inf) - (-inf) must not be computed: it raises FE_INVALID).
+    if (part.max_logit == -compat::infinity()) return part.exp_sum != part.exp_sum ? part.exp_sum : 0.0f;
     return part.exp_sum * compat::exp(part.max_logit - max_logit) / exp_sum;
   }
 };
