@@ -9,8 +9,8 @@
 //      head's rescale weight for its running output;
 //   3. o = o * weight + p . V: members take ranges of output dimensions, each V element read once
 //      for every head (chunk_values).
-// No software prefetch: the blocks are pages the CPU's own prefetchers stream (measured: hints
-// of the next chunk's keys and this chunk's values, at every cache level, changed nothing).
+// Software prefetch, one block ahead: the next block's keys and this block's values (measured
+// on 1 x 8192 tokens, 32/8 heads, f16, warm caches: 10-20% faster; a whole chunk ahead: nothing).
 // The inner loops are host_kernels.hpp's, for the instruction set the plan names.
 
 #include <kpa/detail/host_kernels.hpp>
@@ -18,6 +18,17 @@
 #include <kpa/detail/tile.hpp>
 
 namespace kpa::detail {
+
+/// Asks the caches for `bytes` from `p` ahead of use (into L2 and up on x86): a hint, no effect
+/// on results; nothing on GPUs.
+KOKKOS_INLINE_FUNCTION void prefetch_bytes(const void* p, int bytes) {
+#if !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__) && (defined(__GNUC__) || defined(__clang__))
+  for (int i = 0; i < bytes; i += 64) __builtin_prefetch(static_cast<const char*>(p) + i, 0, 2);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
 
 struct HostPath {
   template <int H, class Kernel>
@@ -45,6 +56,14 @@ struct HostPath {
         const int block_id = any ? k.block_tables(pass.seq, block_token / B) : -1;
         s.block_ids[lb] = block_id;
         if (any) {  // a block no head attends is not read at all
+          // Blocks are pages in any order, each a new stream for the CPU's prefetchers: ask for
+          // the next block's keys (dense patterns only: a sparse one may skip it) and this
+          // block's values while this block's logits are computed.
+          const int block_bytes = B * D * static_cast<int>(sizeof(CacheT));
+          const int next_token = block_token + B;
+          if (k.geo.sparse.vert_stride <= 1 && next_token < pass.end)
+            prefetch_bytes(key_head + k.block_tables(pass.seq, next_token / B) * k.geo.cache_block_stride, block_bytes);
+          prefetch_bytes(value_head + block_id * k.geo.cache_block_stride, block_bytes);
           kernels.block_logits(BlockLogitsArgs<CacheT>{key_head + block_id * k.geo.cache_block_stride, B, D, slots,
                                                        s.q, logits, CT});
         }
