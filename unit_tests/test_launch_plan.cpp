@@ -309,3 +309,29 @@ TEST(LaunchPlan, EveryPlannableHeadsPerPassHasAKernel) {
 }
 
 }  // namespace
+
+// The host path's instruction set: names round-trip, KPA_HOST_ISA may ask for less than the best
+// but not more, and the planner refuses an override the back end cannot run.
+TEST(LaunchPlan, HostInstructionSetsParseAndAreNeverMoreThanTheBest) {
+  using kpa::HostIsa;
+  for (HostIsa isa : {HostIsa::Portable, HostIsa::Avx2}) EXPECT_EQ(kpa::parse_host_isa(kpa::to_string(isa)), isa);
+  EXPECT_THROW(kpa::parse_host_isa("avx512"), kpa::Error);
+  ::setenv("KPA_HOST_ISA", "portable", 1);
+  EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx2), HostIsa::Portable);
+  ::setenv("KPA_HOST_ISA", "avx2", 1);
+  EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx2), HostIsa::Avx2);
+  EXPECT_THROW(kpa::detail::chosen_host_isa(HostIsa::Portable), kpa::Error);
+  ::unsetenv("KPA_HOST_ISA");
+  EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx2), HostIsa::Avx2);
+
+  auto profile = kpa::DeviceProfile::host(2);
+  profile.limits.best_host_isa = HostIsa::Portable;
+  profile.host_isa = HostIsa::Portable;
+  kpa::PlanOptions options;
+  options.host_isa = HostIsa::Avx2;
+  EXPECT_THROW(kpa::plan_launch(profile, shape(4, 32, 8, 4096), options), kpa::UnsupportedError);
+  profile.limits.best_host_isa = HostIsa::Avx2;
+  EXPECT_EQ(kpa::plan_launch(profile, shape(4, 32, 8, 4096), options).host_isa, HostIsa::Avx2);
+  options.host_isa = HostIsa::Portable;
+  EXPECT_EQ(kpa::plan_launch(profile, shape(4, 32, 8, 4096), options).host_isa, HostIsa::Portable);
+}
