@@ -238,6 +238,7 @@ struct AttentionArgs {
   float k_scale, v_scale;
   int tp_rank;
   const kpa_block_sparse* block_sparse;
+  int64_t num_tokens = -1;  ///< rows of query / out (kpa_paged_attention_ex); < 0: num_seqs
 };
 
 /// Wraps the shared arguments as Views and hands them to `call_kpa`.
@@ -251,9 +252,10 @@ void with_attention_views(const char* call, void* out, const AttentionArgs& a, B
   const int block_size = to_int(call, "block_size", a.block_size, false);
   const int columns = to_int(call, "max_blocks_per_seq", a.max_blocks_per_seq);
   const int max_seq_len = to_int(call, "max_seq_len", a.max_seq_len);
+  const int rows = a.num_tokens < 0 ? seqs : to_int(call, "num_tokens", a.num_tokens);
   const bool any_seqs = seqs > 0;
-  require(call, "out", out, any_seqs);
-  require(call, "query", a.query, any_seqs);
+  require(call, "out", out, rows > 0);
+  require(call, "query", a.query, rows > 0);
   require(call, "key_cache", a.key_cache, blocks > 0);
   require(call, "value_cache", a.value_cache, blocks > 0);
   require(call, "block_tables", a.block_tables, any_seqs && columns > 0);
@@ -273,8 +275,8 @@ void with_attention_views(const char* call, void* out, const AttentionArgs& a, B
     using C = typename decltype(c)::type;
     params.kv_cache_dtype = kv;
     const int x = static_cast<int>(16 / sizeof(C));
-    Unmanaged<T***> out_view(static_cast<T*>(out), seqs, heads, head_size);
-    Unmanaged<const T***> query(static_cast<const T*>(a.query), seqs, heads, head_size);
+    Unmanaged<T***> out_view(static_cast<T*>(out), rows, heads, head_size);
+    Unmanaged<const T***> query(static_cast<const T*>(a.query), rows, heads, head_size);
     Unmanaged<const C*****> key_cache(static_cast<const C*>(a.key_cache), blocks, kv_heads, head_size / x, block_size, x);
     Unmanaged<const C****> value_cache(static_cast<const C*>(a.value_cache), blocks, kv_heads, head_size, block_size);
     Unmanaged<const int**> block_tables(a.block_tables, seqs, columns);
@@ -426,6 +428,93 @@ int kpa_paged_attention(void* out, const void* query, kpa_dtype dtype, const voi
     with_attention_views("kpa_paged_attention", out, args, [&](auto, auto&&... views) {
       kpa::paged_attention(Space(), *workspace, views...);
     });
+  });
+}
+
+void kpa_attention_options_init(kpa_attention_options* options) {
+  if (options == nullptr) return;
+  *options = kpa_attention_options{};
+  options->struct_size = sizeof(kpa_attention_options);
+  options->scale = options->k_scale = options->v_scale = 1.0f;
+  options->num_tokens = -1;
+  options->check_indices = 1;
+}
+
+int kpa_paged_attention_ex(void* out, const void* query, kpa_dtype dtype, const void* key_cache,
+                           const void* value_cache, kpa_dtype cache_dtype, int64_t num_seqs, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t head_size, int64_t num_blocks, int64_t block_size,
+                           const int32_t* block_tables, int64_t max_blocks_per_seq, const int32_t* seq_lens,
+                           int64_t max_seq_len, const kpa_attention_options* options) {
+  constexpr const char* call = "kpa_paged_attention_ex";
+  return guarded([&] {
+    kpa_attention_options defaults;
+    kpa_attention_options_init(&defaults);
+    if (options != nullptr && options->struct_size != sizeof(kpa_attention_options)) {
+      invalid(call, "options->struct_size = " + std::to_string(options->struct_size) + " is not sizeof(kpa_attention_options) = " +
+                        std::to_string(sizeof(kpa_attention_options)) + " (call kpa_attention_options_init first)");
+    }
+    const kpa_attention_options& o = options != nullptr ? *options : defaults;
+    const bool several = o.query_start_loc != nullptr;
+    if (!several && o.num_tokens >= 0 && o.num_tokens != num_seqs) {
+      invalid(call, "num_tokens = " + std::to_string(o.num_tokens) + " differs from num_seqs = " + std::to_string(num_seqs) +
+                        " without query_start_loc");
+    }
+    if (several && o.num_tokens < 0) invalid(call, "num_tokens must be given with query_start_loc");
+    const int seqs = to_int(call, "num_seqs", num_seqs);
+    const int heads = to_int(call, "num_heads", num_heads, false);
+    const int rows = several ? to_int(call, "num_tokens", o.num_tokens) : seqs;
+    AttentionArgs args{query,     dtype_value(dtype), key_cache,   value_cache,        dtype_value(cache_dtype),
+                       num_seqs,  num_heads,          num_kv_heads, head_size,         num_blocks,
+                       block_size, block_tables,      max_blocks_per_seq, seq_lens,    max_seq_len,
+                       o.scale,   o.alibi_slopes,     o.k_scale,   o.v_scale,          o.tp_rank,
+                       o.block_sparse};
+    args.num_tokens = rows;
+    const std::lock_guard<std::mutex> lock(workspace_mutex);
+    if (!workspace) workspace = std::make_unique<kpa::Workspace<Space>>();
+    with_attention_views(call, out, args, [&](auto, const auto& out_view, const auto& query_view, const auto& kc,
+                                              const auto& vc, const auto& bt, const auto& sl, int max_len,
+                                              const auto& alibi, kpa::AttentionParams params) {
+      params.logits_soft_cap = o.logits_soft_cap;
+      params.sliding_window = o.sliding_window;
+      params.check_indices = o.check_indices != 0;
+      kpa::AttentionExtras<Space> extras;
+      if (several) extras.query_start_loc = Unmanaged<const int*>(o.query_start_loc, seqs + 1);
+      if (o.sinks != nullptr) extras.sinks = Unmanaged<const float*>(o.sinks, heads);
+      if (o.lse != nullptr) extras.lse = Unmanaged<float**>(o.lse, rows, heads);
+      kpa::paged_attention(Space(), *workspace, out_view, query_view, kc, vc, bt, sl, max_len, alibi, params, extras);
+    });
+  });
+}
+
+int kpa_merge_attn_states(void* out, float* out_lse, const void* prefix_out, const float* prefix_lse,
+                          const void* suffix_out, const float* suffix_lse, kpa_dtype dtype, int64_t num_tokens,
+                          int64_t num_heads, int64_t head_size) {
+  constexpr const char* call = "kpa_merge_attn_states";
+  return guarded([&] {
+    const int tokens = to_int(call, "num_tokens", num_tokens);
+    const int heads = to_int(call, "num_heads", num_heads, false);
+    const int size = to_int(call, "head_size", head_size, false);
+    const bool any = tokens > 0;
+    require(call, "out", out, any);
+    require(call, "prefix_out", prefix_out, any);
+    require(call, "prefix_lse", prefix_lse, any);
+    require(call, "suffix_out", suffix_out, any);
+    require(call, "suffix_lse", suffix_lse, any);
+    auto merge = [&](auto t) {
+      using T = typename decltype(t)::type;
+      Unmanaged<float**> lse(out_lse, out_lse != nullptr ? tokens : 0, heads);
+      kpa::merge_attn_states(Space(), Unmanaged<T***>(static_cast<T*>(out), tokens, heads, size), lse,
+                             Unmanaged<const T***>(static_cast<const T*>(prefix_out), tokens, heads, size),
+                             Unmanaged<const float**>(prefix_lse, tokens, heads),
+                             Unmanaged<const T***>(static_cast<const T*>(suffix_out), tokens, heads, size),
+                             Unmanaged<const float**>(suffix_lse, tokens, heads));
+    };
+    switch (dtype_value(dtype)) {
+      case KPA_F32: merge(Tag<float>{}); break;
+      case KPA_F16: merge(Tag<kpa::half>{}); break;
+      case KPA_BF16: merge(Tag<kpa::bfloat16>{}); break;
+      default: invalid(call, "dtype " + std::to_string(dtype_value(dtype)) + " is not F32, F16 or BF16", KPA_ERR_UNSUPPORTED);
+    }
   });
 }
 

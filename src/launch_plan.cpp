@@ -51,14 +51,14 @@ void require_positive(const char* what, long long value) {
   if (value <= 0) plan_error(std::string(what) + " must be positive, got " + std::to_string(value));
 }
 
-/// The heads per pass among `candidates` that reads a group's K/V the fewest times, and pads
-/// the fewest heads among those.
+/// The rows per pass among `candidates` that reads a tile's K/V the fewest times for its `rows`
+/// (query heads x query tokens), and pads the fewest rows among those.
 template <std::size_t N>
-int heads_per_pass_for(int group, const std::array<int, N>& candidates) {
+int rows_per_pass_for(int rows, const std::array<int, N>& candidates) {
   int best = candidates[0];
-  long long best_passes = ceil_div(group, best), best_padding = best_passes * best - group;
+  long long best_passes = ceil_div(rows, best), best_padding = best_passes * best - rows;
   for (int h : candidates) {
-    const long long passes = ceil_div(group, h), padding = passes * h - group;
+    const long long passes = ceil_div(rows, h), padding = passes * h - rows;
     if (passes < best_passes || (passes == best_passes && padding < best_padding)) {
       best = h;
       best_passes = passes;
@@ -74,7 +74,7 @@ int heads_per_pass_for(int group, const std::array<int, N>& candidates) {
 /// tiles fill whole waves of the league (no tail wave leaving most teams idle).
 int auto_partition_size(const DeviceProfile& profile, const ProblemShape& shape, long long league_bound) {
   const long long sequence_tiles = static_cast<long long>(shape.num_seqs) * shape.num_kv_heads;
-  const long long sequence_tokens = round_up(std::max(shape.max_seq_len, 1), shape.block_size);
+  const long long sequence_tokens = round_up(std::max(shape.attended_span(), 1LL), shape.block_size);
   const long long min_tokens = round_up(kMinAutoPartitionTokens, shape.block_size);
   if (sequence_tiles == 0 || sequence_tiles >= league_bound || sequence_tokens <= min_tokens) {
     return static_cast<int>(sequence_tokens);
@@ -90,7 +90,7 @@ int auto_partition_size(const DeviceProfile& profile, const ProblemShape& shape,
   // Fewer partitions than `wanted` leave some teams idle in one wave; more may fill two waves.
   for (long long parts = std::max(1LL, wanted / 2); parts <= std::min(max_parts, 2 * wanted); ++parts) {
     const long long tokens = partition_for(parts);
-    const long long tiles = sequence_tiles * ceil_div(shape.max_seq_len, tokens);
+    const long long tiles = sequence_tiles * ceil_div(shape.attended_span(), tokens);
     const double efficiency = static_cast<double>(tiles) / (ceil_div(tiles, league_bound) * league_bound);
     if (efficiency > best_efficiency + 1e-9) {
       best_efficiency = efficiency;
@@ -210,8 +210,12 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
   if (shape.max_seq_len > std::numeric_limits<int>::max() - shape.block_size) {
     plan_error("max_seq_len " + std::to_string(shape.max_seq_len) + " exceeds the supported maximum INT_MAX - block_size");
   }
-  if (static_cast<long long>(shape.num_seqs) * shape.num_heads > std::numeric_limits<int>::max()) {
-    plan_error("num_seqs x num_heads exceeds the int range");
+  if (shape.num_tokens < 0 || shape.max_query_len < 0 || shape.sliding_window < 0) {
+    plan_error("num_tokens, max_query_len and sliding_window must not be negative");
+  }
+  if (static_cast<long long>(std::max(shape.num_seqs, shape.num_tokens)) * shape.num_heads >
+      std::numeric_limits<int>::max()) {
+    plan_error("num_tokens x num_heads exceeds the int range");
   }
   if (shape.num_heads % shape.num_kv_heads != 0) {
     plan_error("num_heads (" + std::to_string(shape.num_heads) + ") is not a multiple of num_kv_heads (" +
@@ -236,7 +240,7 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
   } else {
     plan.partition_size = auto_partition_size(profile, shape, league_bound);
   }
-  plan.num_partitions = static_cast<int>(std::max(1LL, ceil_div(shape.max_seq_len, plan.partition_size)));
+  plan.num_partitions = static_cast<int>(std::max(1LL, ceil_div(shape.attended_span(), plan.partition_size)));
   plan.single_partition = plan.num_partitions == 1;
   const long long tiles = static_cast<long long>(shape.num_seqs) * shape.num_kv_heads * plan.num_partitions;
   if (tiles > std::numeric_limits<int>::max()) {
@@ -246,7 +250,7 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
   plan.league_size = static_cast<int>(std::min<long long>(plan.tiles, league_bound));
   plan.tiles_per_team = plan.league_size > 0 ? static_cast<int>(ceil_div(plan.tiles, plan.league_size)) : 0;
   plan.reduce_league_size =
-      static_cast<int>(std::min<long long>(static_cast<long long>(shape.num_seqs) * shape.num_heads, league_bound));
+      static_cast<int>(std::min<long long>(static_cast<long long>(shape.query_rows()) * shape.num_heads, league_bound));
 
   // Kernel path and team shape.
   bool device_path = false;
@@ -266,7 +270,10 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
     throw UnsupportedError("kpa::plan_launch: host instruction set " + std::string(to_string(plan.host_isa)) +
                            " is not available here (best: " + std::string(to_string(limits.best_host_isa)) + ")");
   }
-  const int group = shape.num_heads / shape.num_kv_heads;
+  // A tile's rows: its sequence's query tokens x the group's query heads.
+  const long long rows = static_cast<long long>(shape.num_heads / shape.num_kv_heads) * std::max(shape.max_query_len, 1);
+  if (rows > std::numeric_limits<int>::max()) plan_error("max_query_len x query heads per kv head exceeds the int range");
+  const int tile_rows = static_cast<int>(rows);
   if (device_path) {
     plan.vector_length = options.vector_length > 0 ? options.vector_length
                                                    : std::min(kDeviceVectorLength, limits.max_vector_length);
@@ -276,14 +283,14 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
                          ? options.team_size
                          : std::max(1, std::min({threads / plan.vector_length, limits.max_team_size,
                                                  limits.max_team_threads / plan.vector_length}));
-    plan.heads_per_pass = heads_per_pass_for(group, detail::kDeviceHeadsPerPass);
+    plan.heads_per_pass = rows_per_pass_for(tile_rows, detail::kDeviceHeadsPerPass);
     plan.chunk_tokens = static_cast<int>(std::max<long long>(
         shape.block_size, (kDeviceChunkTokens / shape.block_size) * static_cast<long long>(shape.block_size)));
   } else {
     // One thread per team by default: decode attention streams the cache, and a core reads it fastest alone.
     plan.vector_length = options.vector_length > 0 ? options.vector_length : 1;
     plan.team_size = options.team_size > 0 ? options.team_size : 1;
-    plan.heads_per_pass = heads_per_pass_for(group, detail::kHostHeadsPerPass);
+    plan.heads_per_pass = rows_per_pass_for(tile_rows, detail::kHostHeadsPerPass);
     plan.chunk_tokens = static_cast<int>(std::max<long long>(
         shape.block_size, (kHostChunkTokens / shape.block_size) * static_cast<long long>(shape.block_size)));
   }

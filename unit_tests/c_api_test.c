@@ -203,6 +203,39 @@ int main(void) {
     CHECK(max_error(&out[0][0][0], ref) < tolerance, "auto error %g", max_error(&out[0][0][0], ref));
   }
 
+  /* kpa_paged_attention_ex: NULL options are the defaults (scale 1); with options the decode
+   * call equals kpa_paged_attention's, and a window of 1 gives each row its own token's value. */
+  {
+    kpa_attention_options options;
+    kpa_attention_options_init(&options);
+    CHECK(options.struct_size == sizeof options && options.scale == 1.0f && options.k_scale == 1.0f &&
+              options.check_indices == 1 && options.num_tokens == -1 && options.query_start_loc == NULL,
+          "kpa_attention_options_init defaults");
+    options.scale = scale;
+    float lse[SEQS][HEADS];
+    options.lse = &lse[0][0];
+    memset(out, 0xff, sizeof out);
+    CHECK(kpa_paged_attention_ex(out, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, HEAD,
+                                 NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, &options) == KPA_OK,
+          "kpa_paged_attention_ex");
+    CHECK(max_error(&out[0][0][0], ref) < tolerance, "ex error %g", max_error(&out[0][0][0], ref));
+    CHECK(lse[0][0] == -INFINITY && lse[2][3] > -1e30f && lse[2][3] < 1e30f,
+          "ex lse: -inf for the empty sequence (%g), finite for the others (%g)", lse[0][0], lse[2][3]);
+    options.sliding_window = 1;
+    CHECK(kpa_paged_attention_ex(out, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, HEAD,
+                                 NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, &options) == KPA_OK,
+          "kpa_paged_attention_ex, window 1");
+    /* token 28 of sequence 2, kv head 0: value_cache[block][0][d][slot] */
+    const int32_t last_block = block_tables[2][28 / BLOCK];
+    CHECK(fabsf(out[2][0][5] - value_cache[last_block][0][5][28 % BLOCK]) < 1e-6f, "window 1 attends its own token");
+    options.struct_size = 4;
+    CHECK(kpa_paged_attention_ex(out, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, KV_HEADS, HEAD,
+                                 NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29,
+                                 &options) == KPA_ERR_INVALID_ARGUMENT &&
+              strstr(kpa_last_error(), "struct_size") != NULL,
+          "a struct_size kpa does not know");
+  }
+
   /* 8 threads at once, none of them the one that called kpa_init. */
   {
     enum { THREADS = 8 };

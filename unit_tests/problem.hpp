@@ -38,6 +38,11 @@ struct ProblemSpec {
   float k_scale = 1.0f, v_scale = 1.0f;
   kpa::BlockSparse sparse;  ///< blocks no head of a kv group attends are filled with NaN
   int tp_rank = 0;
+  // Variants.
+  std::vector<int> query_lens;  ///< query tokens per sequence (query_start_loc); empty: decode
+  float soft_cap = 0.0f;
+  int window = 0;
+  bool sinks = false;  ///< a random sink logit per head
 };
 
 template <class T>
@@ -119,11 +124,22 @@ HostProblem make_problem(const ProblemSpec& spec) {
       }
     }
   }
-  p.query.resize(static_cast<std::size_t>(p.num_seqs) * p.num_heads * p.head_size);
+  if (!spec.query_lens.empty()) {
+    p.query_start_loc.assign(1, 0);
+    for (int n : spec.query_lens) p.query_start_loc.push_back(p.query_start_loc.back() + n);
+  }
+  p.soft_cap = spec.soft_cap;
+  p.window = spec.window;
+  p.query.resize(static_cast<std::size_t>(p.num_tokens()) * p.num_heads * p.head_size);
   for (float& q : p.query) q = round_to<T>(uniform(rng));
   if (spec.alibi) {
     p.alibi.resize(p.num_heads);
     for (int h = 0; h < p.num_heads; ++h) p.alibi[h] = std::exp2(-8.0f * (h + 1) / p.num_heads);
+  }
+  if (spec.sinks) {
+    std::uniform_real_distribution<float> sink(-1.0f, 2.0f);
+    p.sinks.resize(p.num_heads);
+    for (float& v : p.sinks) v = sink(rng);
   }
   p.kv_cache_dtype = spec.kv_cache_dtype;
   p.k_scale = spec.k_scale;
@@ -137,7 +153,11 @@ HostProblem make_problem(const ProblemSpec& spec) {
       for (int g = 0; g < p.num_kv_heads; ++g) {
         const int group = p.num_heads / p.num_kv_heads;
         bool read = false;
-        for (int h = g * group; h < (g + 1) * group; ++h) read = read || p.attends(s, h, t);
+        for (int i = 0; i < p.query_len(s); ++i) {
+          const int position = p.seq_lens[s] - p.query_len(s) + i;
+          for (int h = g * group; h < (g + 1) * group; ++h)
+            for (int o = 0; o < p.block_size && t + o < p.seq_lens[s]; ++o) read = read || p.attends_at(s, h, t + o, position);
+        }
         if (read) continue;
         for (int o = 0; o < p.block_size; ++o)
           for (int d = 0; d < p.head_size; ++d) {
@@ -148,6 +168,14 @@ HostProblem make_problem(const ProblemSpec& spec) {
     }
   }
   return p;
+}
+
+/// values into a rank-1 view of Space.
+template <class View, class V>
+void upload(const View& view, const std::vector<V>& values) {
+  auto host = Kokkos::create_mirror_view(view);
+  for (std::size_t i = 0; i < values.size(); ++i) host(i) = values[i];
+  Kokkos::deep_copy(view, host);
 }
 
 /// The problem's views on Space, in the layouts of the kpa/vLLM contract. C is the cache
@@ -162,19 +190,38 @@ struct DeviceProblem {
   Kokkos::View<int**, Kokkos::LayoutRight, memory_space> block_tables;
   Kokkos::View<int*, memory_space> seq_lens;
   Kokkos::View<float*, memory_space> alibi;
+  Kokkos::View<int*, memory_space> query_start_loc;  // extent 0: decode
+  Kokkos::View<float*, memory_space> sinks;          // extent 0: none
+  Kokkos::View<float**, Kokkos::LayoutRight, memory_space> lse;
   int max_seq_len = 0;
   kpa::AttentionParams params;
 
+  /// The automatic entry point's extras for this problem (lse always asked for).
+  kpa::AttentionExtras<Space> extras() const {
+    kpa::AttentionExtras<Space> e;
+    if (query_start_loc.extent(0) > 0) e.query_start_loc = query_start_loc;
+    if (sinks.extent(0) > 0) e.sinks = sinks;
+    e.lse = lse;
+    return e;
+  }
+
   explicit DeviceProblem(const HostProblem& p)
-      : query("query", p.num_seqs, p.num_heads, p.head_size),
-        out("out", p.num_seqs, p.num_heads, p.head_size),
+      : query("query", p.num_tokens(), p.num_heads, p.head_size),
+        out("out", p.num_tokens(), p.num_heads, p.head_size),
         key_cache("key_cache", p.num_blocks, p.num_kv_heads, p.head_size / (16 / sizeof(C)), p.block_size,
                   16 / sizeof(C)),
         value_cache("value_cache", p.num_blocks, p.num_kv_heads, p.head_size, p.block_size),
         block_tables("block_tables", p.num_seqs, p.max_blocks_per_seq),
         seq_lens("seq_lens", p.num_seqs),
         alibi("alibi", p.alibi.size()),
+        query_start_loc("query_start_loc", p.query_start_loc.size()),
+        sinks("sinks", p.sinks.size()),
+        lse("lse", p.num_tokens(), p.num_heads),
         max_seq_len(p.max_seq_len()) {
+    params.logits_soft_cap = p.soft_cap;
+    params.sliding_window = p.window;
+    upload(query_start_loc, p.query_start_loc);
+    upload(sinks, p.sinks);
     params.scale = p.scale;
     params.kv_cache_dtype = p.kv_cache_dtype;
     params.k_scale = p.k_scale;
@@ -191,7 +238,7 @@ struct DeviceProblem {
       }
     };
     auto q = Kokkos::create_mirror_view(query);
-    for (int s = 0; s < p.num_seqs; ++s)
+    for (int s = 0; s < p.num_tokens(); ++s)
       for (int h = 0; h < p.num_heads; ++h)
         for (int d = 0; d < p.head_size; ++d)
           q(s, h, d) = kpa::detail::from_float<T>(p.query[(static_cast<std::size_t>(s) * p.num_heads + h) * p.head_size + d]);
@@ -265,6 +312,13 @@ double expect_close_to_reference(const View& out, const std::vector<double>& ref
       if (!std::isnan(got) && reported++ < 5) {
         ADD_FAILURE() << what << " (" << dtype_name<T>() << "): element " << i << " got " << got
                       << ", reference NaN";
+      }
+      continue;
+    }
+    if (std::isinf(ref[i])) {  // an LSE of nothing attended: exactly -inf
+      if (got != ref[i] && reported++ < 5) {
+        ADD_FAILURE() << what << " (" << dtype_name<T>() << "): element " << i << " got " << got << ", reference "
+                      << ref[i];
       }
       continue;
     }

@@ -24,8 +24,22 @@ lib.kpa_paged_attention.argtypes = [P, P] + ATTENTION
 lib.kpa_paged_attention_v2.argtypes = [P, P, P, P, I64, I64, P] + ATTENTION
 lib.kpa_reshape_and_cache.argtypes = [P, P, I, P, P, I, I64, I64, I64, I64, I64, P, F, F]
 lib.kpa_set_check_indices.argtypes = [I]
+
+
+class Options(ctypes.Structure):
+    """kpa_attention_options, field for field."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("scale", F), ("k_scale", F), ("v_scale", F), ("tp_rank", I),
+                ("block_sparse", P), ("alibi_slopes", P), ("logits_soft_cap", F), ("sliding_window", I),
+                ("sinks", P), ("query_start_loc", P), ("num_tokens", I64), ("lse", P), ("check_indices", I)]
+
+
+lib.kpa_attention_options_init.argtypes = [ctypes.POINTER(Options)]
+lib.kpa_attention_options_init.restype = None
+lib.kpa_paged_attention_ex.argtypes = [P, P, I, P, P, I, I64, I64, I64, I64, I64, I64, P, I64, P, I64,
+                                       ctypes.POINTER(Options)]
+lib.kpa_merge_attn_states.argtypes = [P, P, P, P, P, P, I, I64, I64, I64]
 for name in ("kpa_paged_attention_v1", "kpa_paged_attention_v2", "kpa_paged_attention", "kpa_reshape_and_cache",
-             "kpa_set_check_indices"):
+             "kpa_set_check_indices", "kpa_paged_attention_ex", "kpa_merge_attn_states"):
     getattr(lib, name).restype = I
 
 passed = failed = 0
@@ -186,6 +200,95 @@ lib.kpa_paged_attention(ptr(out), ptr(query), *attention_args(key8, value8, KPA_
 long_rows = seq_lens >= 64
 error = np.abs(out.astype(np.float64) - reference(keys, values))[long_rows].max()
 check(error < 1e-2, f"fp8 vs unquantised values on sequences of 77 and 128 tokens: {error}")
+
+# kpa_paged_attention_ex: several query tokens per sequence (causal), a sliding window, a soft
+# cap, sinks and the LSE, against a numpy float64 reference written from the README's semantics.
+query_lens = np.array([1, 0, 3, 4], dtype=np.int32)
+starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
+tokens = int(starts[-1])
+rows = rng.uniform(-1, 1, (tokens, heads, head)).astype(np.float16)
+sinks = rng.uniform(-1, 2, heads).astype(np.float32)
+cap, window = 0.3, 40
+
+
+def variant_reference():
+    out, lse = np.zeros((tokens, heads, head)), np.full((tokens, heads), -np.inf)
+    for s in range(seqs):
+        for i in range(query_lens[s]):
+            row, position = starts[s] + i, seq_lens[s] - query_lens[s] + i
+            first = max(0, position - window + 1)
+            for h in range(heads):
+                g = h // (heads // kv_heads)
+                k = keys[s][first:position + 1, g, :].astype(np.float64)
+                logits = scale * (k @ rows[row, h].astype(np.float64))
+                logits = cap * np.tanh(logits / cap)
+                m = max(logits.max(), sinks[h])
+                p = np.exp(logits - m)
+                denominator = p.sum() + np.exp(sinks[h] - m)
+                out[row, h] = p @ values[s][first:position + 1, g, :].astype(np.float64) / denominator
+                lse[row, h] = m + np.log(denominator)
+    return out, lse
+
+
+options = Options()
+lib.kpa_attention_options_init(ctypes.byref(options))
+check(options.struct_size == ctypes.sizeof(Options) and options.scale == 1.0 and options.check_indices == 1 and
+      options.num_tokens == -1, "kpa_attention_options_init defaults")
+options.scale, options.logits_soft_cap, options.sliding_window = scale, cap, window
+options.sinks, options.query_start_loc, options.num_tokens = ptr(sinks), ptr(starts), tokens
+lse = np.full((tokens, heads), np.nan, dtype=np.float32)
+options.lse = ptr(lse)
+out_ex = np.full((tokens, heads, head), np.nan, dtype=np.float16)
+status = lib.kpa_paged_attention_ex(ptr(out_ex), ptr(rows), KPA_F16, ptr(key_cache), ptr(value_cache), KPA_F16, seqs,
+                                    heads, kv_heads, head, num_blocks, block, ptr(block_tables), max_blocks,
+                                    ptr(seq_lens), 128, ctypes.byref(options))
+check(status == KPA_OK, f"kpa_paged_attention_ex status {status}")
+expected_out, expected_lse = variant_reference()
+check(np.abs(out_ex.astype(np.float64) - expected_out).max() < 1e-3, "kpa_paged_attention_ex output")
+check(np.abs(lse.astype(np.float64) - expected_lse).max() < 1e-5, "kpa_paged_attention_ex lse")
+options.struct_size = 8
+status = lib.kpa_paged_attention_ex(ptr(out_ex), ptr(rows), KPA_F16, ptr(key_cache), ptr(value_cache), KPA_F16, seqs,
+                                    heads, kv_heads, head, num_blocks, block, ptr(block_tables), max_blocks,
+                                    ptr(seq_lens), 128, ctypes.byref(options))
+check(status == KPA_ERR_INVALID_ARGUMENT and b"struct_size" in lib.kpa_last_error(), f"bad struct_size: {status}")
+
+# kpa_merge_attn_states: the outputs of two halves of the rows' keys merge into the whole.
+half_out = [np.zeros((tokens, heads, head), dtype=np.float16) for _ in range(2)]
+half_lse = [np.zeros((tokens, heads), dtype=np.float32) for _ in range(2)]
+for side in range(2):  # the reference over keys [0, 24) and [24, end): numpy, then rounded to f16
+    for s in range(seqs):
+        for i in range(query_lens[s]):
+            row, position = starts[s] + i, seq_lens[s] - query_lens[s] + i
+            lo, hi = (0, min(24, position + 1)) if side == 0 else (24, position + 1)
+            for h in range(heads):
+                g = h // (heads // kv_heads)
+                if hi <= lo:
+                    half_lse[side][row, h] = -np.inf
+                    continue
+                logits = scale * (keys[s][lo:hi, g, :].astype(np.float64) @ rows[row, h].astype(np.float64))
+                p = np.exp(logits - logits.max())
+                half_out[side][row, h] = p @ values[s][lo:hi, g, :].astype(np.float64) / p.sum()
+                half_lse[side][row, h] = logits.max() + np.log(p.sum())
+merged = np.full((tokens, heads, head), np.nan, dtype=np.float16)
+merged_lse = np.full((tokens, heads), np.nan, dtype=np.float32)
+status = lib.kpa_merge_attn_states(ptr(merged), ptr(merged_lse), ptr(half_out[0]), ptr(half_lse[0]), ptr(half_out[1]),
+                                   ptr(half_lse[1]), KPA_F16, tokens, heads, head)
+check(status == KPA_OK, f"kpa_merge_attn_states status {status}")
+whole = np.zeros((tokens, heads, head))
+whole_lse = np.zeros((tokens, heads))
+for s in range(seqs):
+    for i in range(query_lens[s]):
+        row, position = starts[s] + i, seq_lens[s] - query_lens[s] + i
+        for h in range(heads):
+            g = h // (heads // kv_heads)
+            logits = scale * (keys[s][:position + 1, g, :].astype(np.float64) @ rows[row, h].astype(np.float64))
+            p = np.exp(logits - logits.max())
+            whole[row, h] = p @ values[s][:position + 1, g, :].astype(np.float64) / p.sum()
+            whole_lse[row, h] = logits.max() + np.log(p.sum())
+check(np.abs(merged.astype(np.float64) - whole).max() < 2e-3, "merged halves equal the whole (f16 inputs)")
+check(np.abs(merged_lse - whole_lse).max() < 1e-5, "merged LSE")
+check(lib.kpa_merge_attn_states(ptr(merged), None, ptr(half_out[0]), ptr(half_lse[0]), ptr(half_out[1]),
+                                ptr(half_lse[1]), KPA_F16, tokens, heads, head) == KPA_OK, "merge without out_lse")
 
 # Errors.
 out = np.zeros((seqs, heads, head), dtype=np.float16)

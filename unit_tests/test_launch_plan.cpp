@@ -146,10 +146,41 @@ TEST(LaunchPlan, HeadsPerPassReadsKvTheFewestTimes) {
   const auto host = kpa::DeviceProfile::host(2);
   const auto gpu = kpa::DeviceProfile::bi_v100();
   for (auto [group, host_heads, device_heads] : {std::tuple{1, 1, 1}, {2, 2, 2}, {3, 4, 4}, {4, 4, 4}, {5, 6, 8},
-                                                 {6, 6, 8}, {7, 8, 8}, {8, 8, 8}, {12, 6, 8}, {16, 8, 8}, {24, 8, 8}}) {
+                                                 {6, 6, 8}, {7, 8, 8}, {8, 8, 8}, {12, 16, 8}, {16, 16, 8}, {24, 16, 8}}) {
     EXPECT_EQ(kpa::plan_launch(host, shape(1, group * 2, 2, 100)).heads_per_pass, host_heads) << group;
     EXPECT_EQ(kpa::plan_launch(gpu, shape(1, group * 2, 2, 100)).heads_per_pass, device_heads) << group;
   }
+}
+
+// Several query tokens: a tile's rows are tokens x the group's heads, all in one pass where they fit.
+TEST(LaunchPlan, RowsPerPassCountQueryTokens) {
+  const auto host = kpa::DeviceProfile::host(2);
+  const auto gpu = kpa::DeviceProfile::bi_v100();
+  for (auto [group, tokens, host_rows, device_rows] :
+       {std::tuple{4, 1, 4, 4}, {4, 2, 8, 8}, {4, 4, 16, 8}, {1, 3, 4, 4}, {2, 3, 6, 8}, {8, 2, 16, 8}}) {
+    kpa::ProblemShape s = shape(3, group * 2, 2, 100);
+    s.num_tokens = 3 * tokens;
+    s.max_query_len = tokens;
+    EXPECT_EQ(kpa::plan_launch(host, s).heads_per_pass, host_rows) << group << " x " << tokens;
+    EXPECT_EQ(kpa::plan_launch(gpu, s).heads_per_pass, device_rows) << group << " x " << tokens;
+  }
+}
+
+// A sliding window plans partitions over the window (plus the other query tokens and the block
+// where the window starts), not over the sequence.
+TEST(LaunchPlan, SlidingWindowPlansTheWindow) {
+  const auto host = kpa::DeviceProfile::host(2);
+  kpa::ProblemShape s = shape(1, 32, 8, 100000);
+  kpa::PlanOptions options;
+  options.partition_size = 512;
+  EXPECT_EQ(kpa::plan_launch(host, s, options).num_partitions, 196);
+  s.sliding_window = 4096;
+  EXPECT_EQ(s.attended_span(), 4096 + 15);
+  EXPECT_EQ(kpa::plan_launch(host, s, options).num_partitions, 9);
+  s.max_query_len = 4;
+  EXPECT_EQ(s.attended_span(), 4096 + 3 + 15);
+  s.sliding_window = 200000;
+  EXPECT_EQ(kpa::plan_launch(host, s, options).num_partitions, 196);
 }
 
 /// The share of a league's wave slots the tiles fill.

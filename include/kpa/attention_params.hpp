@@ -34,6 +34,13 @@ struct AttentionParams {
   float v_scale = 1.0f;  ///< fp8 value dequantisation scale
   int tp_rank = 0;       ///< tensor-parallel rank, for block-sparse head offsets
   BlockSparse block_sparse{};
+  /// Gemma 2's logit soft-capping: logit = c * tanh(logit / c) with c = logits_soft_cap, applied
+  /// to scale * q.k before ALiBi and before any mask; 0: off.
+  float logits_soft_cap = 0.0f;
+  /// Causal sliding window: a query at position p attends the keys j with p - W < j <= p
+  /// (W keys, its own included; FlashAttention's window_size = (W - 1, 0)); 0: no window.
+  /// Blocks wholly outside the window are not read.
+  int sliding_window = 0;
   /// Read block_tables and seq_lens once before the launch to check every index the kernels
   /// will follow (see README, "Input checks"). Turn off only when the caller guarantees them.
   bool check_indices = true;

@@ -10,6 +10,8 @@
  *     exp_sums, max_logits [num_seqs][num_heads][max_num_partitions] float
  *     tmp_out          [num_seqs][num_heads][max_num_partitions][head_size] of dtype
  *     key, value       [num_tokens][num_kv_heads][head_size];  slot_mapping [num_tokens] int64
+ *   kpa_paged_attention_ex with query_start_loc: out and query [num_tokens][num_heads][head_size],
+ *   lse [num_tokens][num_heads] float, query_start_loc [num_seqs + 1] int32.
  * - cache_dtype equals dtype for "auto" caches; KPA_FP8_E4M3 / KPA_FP8_E5M2 for one-byte caches.
  * - Calls are synchronous. 0 (KPA_OK) is success; otherwise a kpa_status, with a message from
  *   kpa_last_error() (per thread, valid until the thread's next kpa call).
@@ -22,6 +24,7 @@
 #ifndef KPA_KPA_H
 #define KPA_KPA_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -82,6 +85,44 @@ int kpa_paged_attention(void* out, const void* query, kpa_dtype dtype, const voi
                         int64_t max_blocks_per_seq, const int32_t* seq_lens, int64_t max_seq_len, float scale,
                         const float* alibi_slopes, float k_scale, float v_scale, int tp_rank,
                         const kpa_block_sparse* block_sparse);
+
+/* Options of kpa_paged_attention_ex; set them with kpa_attention_options_init first, then change
+ * what the call needs. struct_size lets the struct grow: later versions of kpa accept this size. */
+typedef struct {
+  size_t struct_size;                   /* sizeof(kpa_attention_options) */
+  float scale, k_scale, v_scale;        /* scale of q.k (default 1); fp8 dequantisation scales (1) */
+  int tp_rank;                          /* tensor-parallel rank, for block-sparse head offsets (0) */
+  const kpa_block_sparse* block_sparse; /* NULL: dense */
+  const float* alibi_slopes;            /* [num_heads]; NULL: none */
+  float logits_soft_cap;                /* c > 0: logit = c * tanh(logit / c) before ALiBi and masks; 0: off */
+  int sliding_window;                   /* W > 0: a query at p attends keys p - W < j <= p; 0: off */
+  const float* sinks;                   /* [num_heads] sink logits joining the denominator; NULL: none */
+  const int32_t* query_start_loc;       /* [num_seqs + 1], vLLM's convention; NULL: one query token per sequence */
+  int64_t num_tokens;                   /* rows of query / out: query_start_loc[num_seqs], or num_seqs */
+  float* lse;                           /* [num_tokens][num_heads] log-sum-exp, written; NULL: not written */
+  int check_indices;                    /* nonzero: check seq_lens, block tables, query_start_loc (default;
+                                         * this call's own setting, not kpa_set_check_indices') */
+} kpa_attention_options;
+
+/* Defaults: scale 1, k_scale and v_scale 1, everything else off or NULL, num_tokens -1 (= num_seqs),
+ * check_indices on. */
+void kpa_attention_options_init(kpa_attention_options* options);
+
+/* The automatic entry point with the variants: soft-capping, sliding window, sinks, several
+ * query tokens per sequence (each attends the keys up to its own position), LSE output.
+ * options NULL: the defaults. */
+int kpa_paged_attention_ex(void* out, const void* query, kpa_dtype dtype, const void* key_cache,
+                           const void* value_cache, kpa_dtype cache_dtype, int64_t num_seqs, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t head_size, int64_t num_blocks, int64_t block_size,
+                           const int32_t* block_tables, int64_t max_blocks_per_seq, const int32_t* seq_lens,
+                           int64_t max_seq_len, const kpa_attention_options* options);
+
+/* vLLM's merge_attn_states: two attention results over disjoint key sets, merged by their LSEs
+ * (out_lse may be NULL). All of [num_tokens][num_heads][head_size] of dtype (F32, F16, BF16),
+ * the LSEs [num_tokens][num_heads] float. */
+int kpa_merge_attn_states(void* out, float* out_lse, const void* prefix_out, const float* prefix_lse,
+                          const void* suffix_out, const float* suffix_lse, kpa_dtype dtype, int64_t num_tokens,
+                          int64_t num_heads, int64_t head_size);
 
 int kpa_reshape_and_cache(const void* key, const void* value, kpa_dtype dtype, void* key_cache, void* value_cache,
                           kpa_dtype cache_dtype, int64_t num_tokens, int64_t num_kv_heads, int64_t head_size,

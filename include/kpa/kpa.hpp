@@ -6,6 +6,7 @@
 #include <kpa/cache_ops.hpp>
 #include <kpa/error.hpp>
 #include <kpa/launch_plan.hpp>
+#include <kpa/merge_attn_states.hpp>
 #include <kpa/numeric_types.hpp>
 #include <kpa/paged_attention.hpp>
 #include <kpa/version.hpp>

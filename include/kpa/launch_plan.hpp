@@ -104,6 +104,25 @@ struct ProblemShape {
   int head_size = 0;
   int block_size = 0;
   int max_seq_len = 0;
+  /// Rows of query and out with several query tokens per sequence (query_start_loc); 0: one
+  /// per sequence, num_seqs rows.
+  int num_tokens = 0;
+  /// The most query tokens of any sequence (1: decode). A tile's rows are its sequence's query
+  /// tokens x the kv head's group of query heads, computed together over each K/V chunk.
+  int max_query_len = 1;
+  int sliding_window = 0;  ///< AttentionParams::sliding_window (0: none)
+
+  int query_rows() const { return num_tokens > 0 ? num_tokens : num_seqs; }
+
+  /// Tokens of the longest attended span: max_seq_len, or with a sliding window at most the
+  /// window plus the other query tokens, from the block boundary where the span starts.
+  /// Partitions count from the start of each sequence's span.
+  long long attended_span() const {
+    const long long all = max_seq_len;
+    if (sliding_window <= 0) return all;
+    const long long window = static_cast<long long>(sliding_window) + std::max(max_query_len, 1) - 1 + block_size - 1;
+    return std::min(all, window);
+  }
 };
 
 /// How a team computes a tile.
@@ -134,13 +153,13 @@ struct LaunchPlan {
   KernelPath kernel_path = KernelPath::Host;
   HostIsa host_isa = HostIsa::Portable;  ///< inner loops of the host path (unused by the device path)
   int partition_size = 0;                ///< tokens per partition (a multiple of block_size)
-  int num_partitions = 0;                ///< ceil(max_seq_len / partition_size), at least 1
+  int num_partitions = 0;                ///< ceil(attended span / partition_size), at least 1
   int tiles = 0;                         ///< num_seqs x num_kv_heads x num_partitions
   int league_size = 0;                   ///< min(tiles, max_blocks): teams of the attention kernel
   int tiles_per_team = 0;                ///< ceil(tiles / league_size): a team's even share
   int team_size = 0;
   int vector_length = 0;
-  int heads_per_pass = 0;                ///< query heads computed per pass over a tile's K/V
+  int heads_per_pass = 0;                ///< query rows (heads x query tokens) per pass over a tile's K/V
   int chunk_tokens = 0;                  ///< tokens whose logits sit in team scratch at once
   std::size_t scratch_bytes = 0;         ///< team scratch of the attention kernel
   int scratch_level = 0;                 ///< 0 (fast, e.g. GPU shared memory) or 1

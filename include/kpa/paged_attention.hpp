@@ -1,6 +1,8 @@
 #pragma once
 // vLLM-compatible paged attention for decode: paged_attention_v1 (one pass), paged_attention_v2
 // (partitions, then a log-sum-exp reduce) and paged_attention (the launch planner decides).
+// The automatic entry point also takes AttentionExtras: several query tokens per sequence,
+// attention sinks and the log-sum-exp output.
 // Contract: shapes, layouts and math of vLLM's ops (see README); every call validates its
 // arguments and throws kpa::Error, and enqueues its kernels on `space`. It returns without
 // waiting for them, except that with params.check_indices it waits for the index check.
@@ -91,6 +93,29 @@ class Workspace {
   std::optional<Space> last_space_;
 };
 
+/// The automatic entry point's optional inputs and outputs; an empty view is absent.
+template <class Space>
+struct AttentionExtras {
+  using memory_space = typename Space::memory_space;
+  template <class Data>
+  using view = Kokkos::View<Data, Kokkos::LayoutStride, memory_space, Kokkos::MemoryUnmanaged>;
+
+  /// [num_seqs + 1], vLLM's cumulative convention: sequence s has the query rows
+  /// [query_start_loc[s], query_start_loc[s + 1]), n_s of them, its last n_s tokens (0 allowed,
+  /// more than seq_lens[s] is an error); query, out and lse then have num_tokens =
+  /// query_start_loc[num_seqs] rows. Absent: one query token per sequence.
+  view<const int*> query_start_loc;
+  /// The largest n_s (vLLM's max_query_len). 0: computed from query_start_loc (a reduction that
+  /// waits for the space). A value below the true one is an error when indices are checked.
+  int max_query_len = 0;
+  /// [num_heads]: a learned sink logit per query head; exp(sink - m) joins the softmax
+  /// denominator, with no value.
+  view<const float*> sinks;
+  /// [num_tokens][num_heads], written: the natural log of each row's softmax denominator in
+  /// absolute terms (sink included); -inf for a row with nothing to attend.
+  view<float**> lse;
+};
+
 namespace detail {
 
 /// The kernels' arguments for an entry point's views (v2's partition triple left empty).
@@ -108,6 +133,52 @@ auto attention_args(const OutView& out, const QueryView& query, const KeyCacheVi
   args.seq_lens = seq_lens;
   args.alibi_slopes = alibi_slopes;
   return args;
+}
+
+/// The largest query_start_loc(s + 1) - query_start_loc(s).
+template <class View>
+struct MaxQueryLen {
+  View query_start_loc;
+  KOKKOS_INLINE_FUNCTION void operator()(int s, int& longest) const {
+    const int len = query_start_loc(s + 1) - query_start_loc(s);
+    if (len > longest) longest = len;
+  }
+};
+
+template <class Space, class View>
+int max_query_len(const Space& space, const View& query_start_loc) {
+  int longest = 0;
+  const int num_seqs = static_cast<int>(query_start_loc.extent(0)) - 1;
+  if (num_seqs > 0) {
+    Kokkos::parallel_reduce("kpa::max_query_len", Kokkos::RangePolicy<Space>(space, 0, num_seqs),
+                            MaxQueryLen<View>{query_start_loc}, Kokkos::Max<int>(longest));
+  }
+  return longest;
+}
+
+/// The extras' extents against the call's shape.
+template <class Space>
+void check_extras(const char* call, const Space&, const AttentionExtras<Space>& extras, const ProblemShape& shape) {
+  check_int_extents(call, "query_start_loc", extras.query_start_loc);
+  check_int_extents(call, "sinks", extras.sinks);
+  check_int_extents(call, "lse", extras.lse);
+  const bool several = extras.query_start_loc.extent(0) > 0;
+  if (several && static_cast<long long>(extras.query_start_loc.extent(0)) != shape.num_seqs + 1LL) {
+    fail(call, "query_start_loc has ", extras.query_start_loc.extent(0), " entries, expected num_seqs + 1 = ",
+         shape.num_seqs + 1);
+  }
+  if (extras.max_query_len < 0 || (!several && extras.max_query_len != 0)) {
+    fail(call, "max_query_len must be 0 (computed) or positive, and is given only with query_start_loc, got ",
+         extras.max_query_len);
+  }
+  if (extras.sinks.extent(0) != 0 && static_cast<int>(extras.sinks.extent(0)) != shape.num_heads) {
+    fail(call, "sinks has ", extras.sinks.extent(0), " entries, expected 0 or num_heads = ", shape.num_heads);
+  }
+  if (extras.lse.size() != 0 && (static_cast<int>(extras.lse.extent(0)) != shape.num_tokens ||
+                                 static_cast<int>(extras.lse.extent(1)) != shape.num_heads)) {
+    fail(call, "lse extents ", extents_of(extras.lse), " do not match [num_tokens = ", shape.num_tokens,
+         ", num_heads = ", shape.num_heads, "]");
+  }
 }
 
 /// With params.check_indices: every index the kernels will follow, checked by a kernel on `space`.
@@ -181,28 +252,40 @@ void paged_attention_v2(const Space& space, const OutView& out, const PartialVie
       detail::plan_attention<Space, CacheT, T, TmpT>(call, space, shape, partitioned, params.kv_cache_dtype);
   detail::launch_partition_kernel<CacheT>("kpa::paged_attention_v2::partition", space, plan,
                                           detail::Output::Partition, shape, args, params);
-  detail::launch_partition_reduce("kpa::paged_attention_v2::reduce", space, plan, shape, args);
+  detail::launch_partition_reduce("kpa::paged_attention_v2::reduce", space, plan, shape, args, params);
 }
 
 /// Paged attention with the launch planner's choice: one kernel when every sequence fits one
 /// partition (the single-partition path), otherwise partitions in `workspace` (tmp_out in the
-/// query type, as vLLM's v2) and the reduce. `options` overrides the planner (partition size,
-/// team shape, league size, kernel path).
+/// query type, as vLLM's v2) and the reduce. `extras` adds several query tokens per sequence,
+/// sinks and the LSE output. `options` overrides the planner (partition size, team shape,
+/// league size, kernel path).
 template <class Space, class OutView, class QueryView, class KeyCacheView, class ValueCacheView, class BlockTableView,
           class SeqLenView, class AlibiView>
 void paged_attention(const Space& space, Workspace<Space>& workspace, const OutView& out, const QueryView& query,
                      const KeyCacheView& key_cache, const ValueCacheView& value_cache,
                      const BlockTableView& block_tables, const SeqLenView& seq_lens, int max_seq_len,
-                     const AlibiView& alibi_slopes, const AttentionParams& params, const PlanOptions& options = {}) {
+                     const AlibiView& alibi_slopes, const AttentionParams& params, const AttentionExtras<Space>& extras,
+                     const PlanOptions& options = {}) {
   constexpr const char* call = "kpa::paged_attention";
   using T = typename QueryView::non_const_value_type;
   using CacheT = typename KeyCacheView::non_const_value_type;
   detail::check_view_types<Space, OutView, QueryView, KeyCacheView, ValueCacheView, BlockTableView, SeqLenView,
                            AlibiView>();
-  const ProblemShape shape = detail::check_attention_args(call, out, query, key_cache, value_cache, block_tables,
-                                                          seq_lens, max_seq_len, alibi_slopes, params);
+  const bool several_query_tokens = extras.query_start_loc.extent(0) > 0;
+  ProblemShape shape = detail::check_attention_args(call, out, query, key_cache, value_cache, block_tables, seq_lens,
+                                                    max_seq_len, alibi_slopes, params, several_query_tokens);
+  detail::check_extras(call, space, extras, shape);
   auto args = detail::attention_args<Space, T>(out, query, key_cache, value_cache, block_tables, seq_lens,
                                                alibi_slopes);
+  args.query_start_loc = extras.query_start_loc;
+  args.sinks = extras.sinks;
+  args.lse = extras.lse;
+  if (several_query_tokens) {
+    shape.max_query_len = extras.max_query_len > 0 ? extras.max_query_len
+                                                   : detail::max_query_len(space, extras.query_start_loc);
+    if (params.check_indices) detail::check_query_start_loc(call, space, extras.query_start_loc, seq_lens, shape);
+  }
   detail::check_indices(call, space, args, shape, static_cast<int>(key_cache.extent(0)), params);
   const auto held = workspace.acquire(space);
   const LaunchPlan plan = detail::plan_attention<Space, CacheT, T, T>(call, space, shape, options, params.kv_cache_dtype);
@@ -212,14 +295,25 @@ void paged_attention(const Space& space, Workspace<Space>& workspace, const OutV
                                             detail::Output::Final, shape, args, params);
     return;
   }
-  const auto partials = workspace.template partials<T>(shape.num_seqs, shape.num_heads, plan.num_partitions,
+  const auto partials = workspace.template partials<T>(shape.num_tokens, shape.num_heads, plan.num_partitions,
                                                        shape.head_size);
   args.exp_sums = partials.exp_sums;
   args.max_logits = partials.max_logits;
   args.tmp_out = partials.tmp_out;
   detail::launch_partition_kernel<CacheT>("kpa::paged_attention::partition", space, plan, detail::Output::Partition,
                                           shape, args, params);
-  detail::launch_partition_reduce("kpa::paged_attention::reduce", space, plan, shape, args);
+  detail::launch_partition_reduce("kpa::paged_attention::reduce", space, plan, shape, args, params);
+}
+
+/// The same without extras: one query token per sequence, no sinks, no LSE.
+template <class Space, class OutView, class QueryView, class KeyCacheView, class ValueCacheView, class BlockTableView,
+          class SeqLenView, class AlibiView>
+void paged_attention(const Space& space, Workspace<Space>& workspace, const OutView& out, const QueryView& query,
+                     const KeyCacheView& key_cache, const ValueCacheView& value_cache,
+                     const BlockTableView& block_tables, const SeqLenView& seq_lens, int max_seq_len,
+                     const AlibiView& alibi_slopes, const AttentionParams& params, const PlanOptions& options = {}) {
+  paged_attention(space, workspace, out, query, key_cache, value_cache, block_tables, seq_lens, max_seq_len,
+                  alibi_slopes, params, AttentionExtras<Space>{}, options);
 }
 
 }  // namespace kpa

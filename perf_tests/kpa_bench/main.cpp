@@ -41,6 +41,25 @@ struct Workload {
   std::string dtype = "half";            // float, half, bfloat16
   std::string kv_cache_dtype = "auto";   // auto, fp8, fp8_e4m3, fp8_e5m2
   int partition_size = 0;                // 0: 512 for v2, the planner's choice for auto
+  // Variants (README, "Attention variants").
+  float soft_cap = 0.0f;
+  int sliding_window = 0;
+  bool sinks = false;
+  int query_len = 1;  // query tokens per sequence
+
+  bool decode_only() const { return soft_cap == 0.0f && sliding_window == 0 && !sinks && query_len == 1; }
+  /// Keys a sequence's query rows attend together (the blocks read), and (row, key) pairs.
+  long long keys_read() const {
+    return sliding_window > 0 ? std::min<long long>(seq_len, sliding_window + query_len - 1) : seq_len;
+  }
+  long long row_keys() const {
+    long long pairs = 0;
+    for (int i = 0; i < query_len; ++i) {
+      const long long position = seq_len - query_len + i;
+      pairs += sliding_window > 0 ? std::min<long long>(position + 1, sliding_window) : position + 1;
+    }
+    return pairs;
+  }
 };
 
 struct Options {
@@ -83,6 +102,10 @@ workload (any of these selects a custom run; lists and ranges make a sweep):
   --dtype float|half|bfloat16   query / output / "auto" cache type (default half)
   --kv-cache-dtype auto|fp8|fp8_e4m3|fp8_e5m2   (default auto)
   --partition-size P            v2 / auto partition size (default: 512 for v2, planner for auto)
+  --soft-cap C                  logits soft-capping C * tanh(logit / C)
+  --sliding-window W            each query attends its last W keys
+  --sinks                       a sink logit per query head (auto only)
+  --query-len N                 query tokens per sequence, causal among themselves (auto only)
   --device-profile NAME         plan as bi-v100, host:N or NAME:SMS:OCC:SUB (KPA_DEVICE_PROFILE)
 run:
   --seed S  --warmup N  --iters N  --baseline-iters N  --no-baselines
@@ -184,6 +207,15 @@ Options parse(int argc, char** argv) {
       }
     } else if (arg == "--partition-size") {
       w.partition_size = number(), o.custom = true;
+    } else if (arg == "--soft-cap") {
+      w.soft_cap = std::stof(value()), o.custom = true;
+      if (!(w.soft_cap > 0.0f)) usage_error("--soft-cap must be positive");
+    } else if (arg == "--sliding-window") {
+      w.sliding_window = number(), o.custom = true;
+    } else if (arg == "--sinks") {
+      w.sinks = true, o.custom = true;
+    } else if (arg == "--query-len") {
+      w.query_len = number(), o.custom = true;
     } else if (arg == "--device-profile") {
       const std::string profile = value();
       try {
@@ -217,10 +249,16 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.custom) {
+    if ((w.sinks || w.query_len > 1) && w.version != "auto") usage_error("--sinks and --query-len need --version auto");
     for (int len : seq_lens) {
       Workload one = w;
       one.seq_len = len;
+      if (one.query_len > len) usage_error("--query-len exceeds --seq-len");
       one.name = "custom_" + std::to_string(one.batch_size) + "x" + std::to_string(len);
+      if (one.query_len > 1) one.name += "_q" + std::to_string(one.query_len);
+      if (one.sliding_window > 0) one.name += "_w" + std::to_string(one.sliding_window);
+      if (one.soft_cap > 0.0f) one.name += "_cap";
+      if (one.sinks) one.name += "_sinks";
       o.workloads.push_back(one);
     }
   } else {
@@ -242,8 +280,9 @@ class Bench {
     const int x = static_cast<int>(16 / sizeof(C));
     blocks_per_seq_ = (w.seq_len + w.block_size - 1) / w.block_size;
     const int num_blocks = w.batch_size * blocks_per_seq_;
-    query_ = decltype(query_)("query", w.batch_size, w.num_query_heads, w.head_size);
-    out_ = decltype(out_)("out", w.batch_size, w.num_query_heads, w.head_size);
+    const int rows = w.batch_size * w.query_len;
+    query_ = decltype(query_)("query", rows, w.num_query_heads, w.head_size);
+    out_ = decltype(out_)("out", rows, w.num_query_heads, w.head_size);
     baseline_out_ = decltype(baseline_out_)("baseline_out", w.batch_size, w.num_query_heads, w.head_size);
     key_cache_ = decltype(key_cache_)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "key_cache"), num_blocks,
                                       w.num_kv_heads, w.head_size / x, w.block_size, x);
@@ -255,6 +294,23 @@ class Bench {
     params_.scale = 1.0f / std::sqrt(static_cast<float>(w.head_size));
     params_.kv_cache_dtype = kpa::parse_kv_cache_dtype(w.kv_cache_dtype);
     params_.check_indices = false;  // the tables are built valid below; time the kernels
+    params_.logits_soft_cap = w.soft_cap;
+    params_.sliding_window = w.sliding_window;
+    if (w.query_len > 1) {
+      query_start_loc_ = decltype(query_start_loc_)("query_start_loc", w.batch_size + 1);
+      auto starts = Kokkos::create_mirror_view(query_start_loc_);
+      for (int s = 0; s <= w.batch_size; ++s) starts(s) = s * w.query_len;
+      Kokkos::deep_copy(query_start_loc_, starts);
+      extras_.query_start_loc = query_start_loc_;
+      extras_.max_query_len = w.query_len;
+    }
+    if (w.sinks) {
+      sinks_ = decltype(sinks_)("sinks", w.num_query_heads);
+      auto values = Kokkos::create_mirror_view(sinks_);
+      for (int h = 0; h < w.num_query_heads; ++h) values(h) = 0.25f * (h % 4);
+      Kokkos::deep_copy(sinks_, values);
+      extras_.sinks = sinks_;
+    }
     if (params_.kv_cache_dtype != kpa::KVCacheDType::Auto) params_.k_scale = params_.v_scale = 1.0f / 128;
 
     kpa::detail::with_cache_storage<C>(params_.kv_cache_dtype, [&](auto storage) {
@@ -296,7 +352,7 @@ class Bench {
       kpa::PlanOptions options;
       options.partition_size = w_.partition_size;
       kpa::paged_attention(space, workspace_, out_, query_, key_cache_, value_cache_, block_tables_, seq_lens_,
-                           w_.seq_len, alibi_, params_, options);
+                           w_.seq_len, alibi_, params_, extras_, options);
     }
   }
 
@@ -304,6 +360,7 @@ class Bench {
   /// partition size (one partition, or partition_), as they do inside.
   std::string plan() const {
     kpa::ProblemShape shape{w_.batch_size, w_.num_query_heads, w_.num_kv_heads, w_.head_size, w_.block_size, w_.seq_len};
+    shape.sliding_window = w_.sliding_window;
     kpa::PlanOptions options;
     options.partition_size = w_.version == "v1" ? blocks_per_seq_ * w_.block_size : partition_;
     const kpa::LaunchPlan p = w_.version == "auto" ? workspace_.last_plan() : kpa::plan_launch(Space(), shape, options);
@@ -340,9 +397,10 @@ class Bench {
     r.plan = plan();
     r.median_us = times[times.size() / 2];
     r.min_us = times.front();
-    const double tokens = static_cast<double>(w_.batch_size) * w_.seq_len;
-    r.kv_bytes = 2.0 * tokens * w_.num_kv_heads * w_.head_size * sizeof(C);
-    r.flops = 4.0 * tokens * w_.num_query_heads * w_.head_size;
+    // Bytes: the keys and values of the blocks the sequences' rows attend, read once; FLOP: two
+    // multiply-adds per (query row, attended key, head, dimension).
+    r.kv_bytes = 2.0 * w_.batch_size * static_cast<double>(w_.keys_read()) * w_.num_kv_heads * w_.head_size * sizeof(C);
+    r.flops = 4.0 * w_.batch_size * static_cast<double>(w_.row_keys()) * w_.num_query_heads * w_.head_size;
     r.kv_gbps = r.kv_bytes / r.median_us / 1e3;
     r.gflops = r.flops / r.median_us / 1e3;
     r.bandwidth_pct = 100.0 * r.kv_bytes / r.median_us * 1e6 / limits.read_bytes_per_s;
@@ -351,7 +409,7 @@ class Bench {
     const double roofline_us = std::max(r.kv_bytes / limits.read_bytes_per_s, r.flops / limits.flop_per_s) * 1e6;
     r.roofline_pct = 100.0 * roofline_us / r.median_us;
     if (o.check) r.max_abs_err = check_sample();
-    if (o.baselines) {
+    if (o.baselines && w_.decode_only()) {  // the baselines know plain decode only
       const int iters = o.baseline_iters;
       kpa::detail::with_cache_storage<C>(params_.kv_cache_dtype, [&](auto storage) {
         using S = typename decltype(storage)::type;
@@ -398,10 +456,18 @@ class Bench {
         p.num_blocks = p.max_blocks_per_seq = blocks_per_seq_;
         p.scale = params_.scale;
         p.seq_lens = {w_.seq_len};
+        p.query_start_loc = {0, w_.query_len};
+        p.soft_cap = w_.soft_cap;
+        p.window = w_.sliding_window;
+        if (w_.sinks) {
+          const auto sinks = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sinks_);
+          for (int hh = 0; hh < w_.num_query_heads; ++hh) p.sinks.push_back(sinks(hh));
+        }
         p.block_tables.resize(blocks_per_seq_);
         std::iota(p.block_tables.begin(), p.block_tables.end(), 0);
-        for (int hh = 0; hh < p.num_heads; ++hh)
-          for (int d = 0; d < D; ++d) p.query.push_back(kpa::to_float(q(s, hh, d)));
+        for (int i = 0; i < w_.query_len; ++i)
+          for (int hh = 0; hh < p.num_heads; ++hh)
+            for (int d = 0; d < D; ++d) p.query.push_back(kpa::to_float(q(s * w_.query_len + i, hh, d)));
         for (std::size_t hh = 0; hh < slopes.extent(0); ++hh) p.alibi.push_back(slopes(hh));
         p.keys.resize(static_cast<std::size_t>(blocks_per_seq_) * p.num_kv_heads * B * D);
         p.values.resize(p.keys.size());
@@ -412,8 +478,12 @@ class Bench {
                 p.keys[p.kv_index(b, g, o, d)] = cache_value<S>(k(bt(s, b), g, d / x, o, d % x), params_.k_scale);
                 p.values[p.kv_index(b, g, o, d)] = cache_value<S>(v(bt(s, b), g, d, o), params_.v_scale);
               }
-        const kpa_test::ReferencePart ref = kpa_test::reference_part(p, 0, h, 0, w_.seq_len);
-        for (int d = 0; d < D; ++d) worst = std::max(worst, std::fabs(kpa::to_float(out(s, h, d)) - ref.out[d]));
+        const kpa_test::ReferenceResult ref = kpa_test::reference_rows(p, h);
+        for (int i = 0; i < w_.query_len; ++i)
+          for (int d = 0; d < D; ++d) {
+            const double want = ref.out[(static_cast<std::size_t>(i) * p.num_heads + h) * D + d];
+            worst = std::max(worst, std::fabs(kpa::to_float(out(s * w_.query_len + i, h, d)) - want));
+          }
       }
     });
     return worst;
@@ -429,6 +499,9 @@ class Bench {
   Kokkos::View<float*, Memory> alibi_;
   Kokkos::View<float***, Kokkos::LayoutRight, Memory> exp_sums_, max_logits_;
   Kokkos::View<T****, Kokkos::LayoutRight, Memory> tmp_out_;
+  Kokkos::View<int*, Memory> query_start_loc_;
+  Kokkos::View<float*, Memory> sinks_;
+  kpa::AttentionExtras<Space> extras_;
   kpa::AttentionParams params_;
   kpa::Workspace<Space> workspace_;
 };

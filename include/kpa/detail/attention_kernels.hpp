@@ -2,15 +2,18 @@
 // The two kernels behind every paged-attention entry point.
 //
 // PartitionKernel: one team walks its even share of tiles, a tile being one (sequence, kv head,
-// partition). A tile is computed in passes over up to H query heads of its GQA group (H is a
-// compile-time constant chosen by the planner); a pass loads the pre-scaled queries into team
-// scratch, runs the kernel path's attend() over the tile's tokens (HostPath: CPU-shaped,
-// DevicePath: GPU-shaped; same online softmax, same SoftmaxReducer), and stores the normalised
-// output (Output::Final) or vLLM's v2 partition triple max_logits / exp_sums / tmp_out
+// partition). A tile's rows are the sequence's query tokens x the GQA group's query heads; they
+// are computed in passes of up to H rows (H is a compile-time constant chosen by the planner),
+// so every pass reads each K/V element once for all of its rows. A pass loads the pre-scaled
+// queries into team scratch, runs the kernel path's attend() over the keys its rows attend
+// (HostPath: CPU-shaped, DevicePath: GPU-shaped; same online softmax, same SoftmaxReducer, the
+// same AttentionVariant for caps and masks), and stores the normalised output and LSE
+// (Output::Final) or vLLM's v2 partition triple max_logits / exp_sums / tmp_out
 // (Output::Partition).
 //
-// PartitionReduceKernel: one team per (sequence, query head) share; merges the partition states
-// with the same SoftmaxReducer and sums the normalised partition outputs by their shares.
+// PartitionReduceKernel: one team per (query token, query head) share; merges the partition
+// states (and the sink) with the same SoftmaxReducer and sums the normalised partition outputs
+// by their shares.
 
 #include <kpa/detail/device_path.hpp>
 #include <kpa/detail/host_path.hpp>
@@ -31,17 +34,36 @@ struct AttentionArgs {
   template <class Data>
   using view = Kokkos::View<Data, Kokkos::LayoutStride, memory_space, Kokkos::MemoryUnmanaged>;
 
-  view<T***> out;                  ///< [num_seqs][num_heads][head_size]
-  view<const T***> query;          ///< [num_seqs][num_heads][head_size]
+  view<T***> out;                  ///< [num_tokens][num_heads][head_size] (num_tokens = num_seqs in decode)
+  view<const T***> query;          ///< [num_tokens][num_heads][head_size]
   const void* key_cache = nullptr;    ///< [num_blocks][num_kv_heads][head_size/x][block_size][x]
   const void* value_cache = nullptr;  ///< [num_blocks][num_kv_heads][head_size][block_size]
   view<const int**> block_tables;  ///< [num_seqs][max_blocks_per_seq]
   view<const int*> seq_lens;       ///< [num_seqs]
   view<const float*> alibi_slopes;  ///< [num_heads] or extent 0: none
+  // The automatic entry point's extras (extent 0: absent; see AttentionExtras).
+  view<const int*> query_start_loc;  ///< [num_seqs + 1]
+  view<const float*> sinks;          ///< [num_heads]
+  view<float**> lse;                 ///< [num_tokens][num_heads]
   // vLLM v2's partition triple (Output::Partition, and the reduce's input).
-  view<float***> exp_sums;         ///< [num_seqs][num_heads][max_num_partitions]
-  view<float***> max_logits;       ///< [num_seqs][num_heads][max_num_partitions]
-  view<TmpT****> tmp_out;          ///< [num_seqs][num_heads][max_num_partitions][head_size]
+  view<float***> exp_sums;         ///< [num_tokens][num_heads][max_num_partitions]
+  view<float***> max_logits;       ///< [num_tokens][num_heads][max_num_partitions]
+  view<TmpT****> tmp_out;          ///< [num_tokens][num_heads][max_num_partitions][head_size]
+};
+
+/// A query row's final softmax state turned into its output factor (o times this is the row's
+/// output) and its log-sum-exp, the sink (if any) joining the denominator. No key attended and
+/// no sink: output 0, LSE -inf. A NaN sum (corrupt data) stays NaN in both.
+struct FinalRow {
+  float out_factor;
+  float lse;
+
+  KOKKOS_INLINE_FUNCTION FinalRow(SoftmaxState state, bool has_sink, float sink, float value_scale) {
+    float weight = 1.0f;
+    if (has_sink) weight = state.merge(SoftmaxState{sink, 1.0f}).self;
+    out_factor = state.exp_sum == 0.0f ? 0.0f : weight * value_scale / state.exp_sum;
+    lse = state.exp_sum == 0.0f ? -compat::infinity() : state.max_logit + compat::log(state.exp_sum);
+  }
 };
 
 template <class Space, class Path, int H, class CacheT, class T, class TmpT>
@@ -60,6 +82,9 @@ struct PartitionKernel {
   typename args_type::template view<const int**> block_tables;
   typename args_type::template view<const int*> seq_lens;
   typename args_type::template view<const float*> alibi_slopes;
+  typename args_type::template view<const int*> query_start_loc;
+  typename args_type::template view<const float*> sinks;
+  typename args_type::template view<float**> lse;
   typename args_type::template view<float***> exp_sums;    // Output::Partition only
   typename args_type::template view<float***> max_logits;  // Output::Partition only
   typename args_type::template view<TmpT****> tmp_out;     // Output::Partition only
@@ -74,6 +99,9 @@ struct PartitionKernel {
         block_tables(args.block_tables),
         seq_lens(args.seq_lens),
         alibi_slopes(args.alibi_slopes),
+        query_start_loc(args.query_start_loc),
+        sinks(args.sinks),
+        lse(args.lse),
         exp_sums(args.exp_sums),
         max_logits(args.max_logits),
         tmp_out(args.tmp_out),
@@ -94,24 +122,33 @@ struct PartitionKernel {
     const int kv_head = seq_head % geo.num_kv_heads;
     const int seq = seq_head / geo.num_kv_heads;
     const int seq_len = seq_lens(seq);
-    const int begin = partition * geo.partition_size;
+    int query_start = seq, query_len = 1;
+    if (geo.several_query_tokens) {
+      query_start = query_start_loc(seq);
+      query_len = query_start_loc(seq + 1) - query_start;
+    }
+    const int rows = query_len * geo.group_size;
+    const int begin = geo.variant.span_begin(seq_len, query_len, geo.block_size) + partition * geo.partition_size;
     if (begin >= seq_len) {
-      // Partitions past the sequence are neither written nor read; an empty sequence has output 0.
-      if (geo.output == Output::Final && partition == 0) {
-        const int D = geo.head_size;
-        Kokkos::parallel_for(Kokkos::TeamVectorRange(member, geo.group_size * D), [&](int i) {
-          out(seq, kv_head * geo.group_size + i / D, i % D) = from_float<T>(0.0f);
-        });
-      }
+      // Partitions past the sequence are neither written nor read; an empty sequence (whose one
+      // decode row has nothing to attend) has output 0.
+      if (geo.output == Output::Final && partition == 0) store_empty(member, Pass{seq, kv_head, 0, rows, query_start,
+                                                                                   query_len, seq_len, 0, 0, 0});
       return;
     }
     const int end = (seq_len - begin < geo.partition_size) ? seq_len : begin + geo.partition_size;
-    for (int head0 = 0; head0 < geo.group_size; head0 += H) {
-      // The last pass of a group may have fewer real heads: its padding heads have zero queries
-      // and are never stored.
-      const int heads = (geo.group_size - head0 < H) ? geo.group_size - head0 : H;
-      run_pass(member, scratch, Pass{seq, kv_head, kv_head * geo.group_size + head0, heads, seq_len, begin, end,
-                                     partition});
+    const int B = geo.block_size;
+    for (int row0 = 0; row0 < rows; row0 += H) {
+      // The last pass may have fewer real rows: its padding rows have zero queries and are never stored.
+      Pass pass{seq, kv_head, row0, (rows - row0 < H) ? rows - row0 : H, query_start, query_len, seq_len, begin, end,
+                partition};
+      // Only the keys some row of the pass attends, from the block holding the first of them (rows
+      // go by query token, so the first row has the earliest keys and the last row the latest).
+      const int first = geo.variant.first_key(row_position(pass, 0));
+      if (first > pass.begin) pass.begin += (first - pass.begin) / B * B;
+      const int last = row_position(pass, pass.rows - 1) + 1;
+      if (last < pass.end) pass.end = last;
+      run_pass(member, scratch, pass);  // with nothing to attend it stores empty states
     }
   }
 
@@ -122,41 +159,95 @@ struct PartitionKernel {
     store(member, scratch, pass, running);
   }
 
-  /// q = query * scale (zeros for padding heads) and o = 0 in scratch.
+  // A pass's row r: query token (a row of query / out), query head, and absolute position.
+  KOKKOS_INLINE_FUNCTION int row_token(const Pass& pass, int r) const {
+    return pass.query_start + (pass.first_row + r) / geo.group_size;
+  }
+  KOKKOS_INLINE_FUNCTION int row_head(const Pass& pass, int r) const {
+    return pass.kv_head * geo.group_size + (pass.first_row + r) % geo.group_size;
+  }
+  KOKKOS_INLINE_FUNCTION int row_position(const Pass& pass, int r) const {
+    return pass.seq_len - pass.query_len + (pass.first_row + r) / geo.group_size;
+  }
+  /// Whether rows may attend different keys (then attend() masks each row to its own range).
+  KOKKOS_INLINE_FUNCTION bool masks_rows() const { return geo.several_query_tokens || geo.variant.sliding_window > 0; }
+  /// Whether key `key` lies in the range of the row at `position` (the causal window).
+  KOKKOS_INLINE_FUNCTION bool in_row_range(int key, int position) const {
+    return key <= position && key >= geo.variant.first_key(position);
+  }
+
+  /// -inf for the keys outside the row's range in one row of chunk logits (chunk token i is key
+  /// chunk_begin + i).
+  KOKKOS_INLINE_FUNCTION void mask_row(float* logits, int tokens, int chunk_begin, int position) const {
+    if (masks_rows()) {
+      const int lo = geo.variant.first_key(position) - chunk_begin, hi = position + 1 - chunk_begin;
+      for (int i = 0; i < tokens && i < lo; ++i) logits[i] = -compat::infinity();
+      for (int i = hi < 0 ? 0 : hi; i < tokens; ++i) logits[i] = -compat::infinity();
+    }
+  }
+
+  /// q = query * scale (zeros for padding rows) and o = 0 in scratch.
   KOKKOS_INLINE_FUNCTION void load_query(const member_type& member, const TileScratch& s, const Pass& pass) const {
     const int D = geo.head_size;
     Kokkos::parallel_for(Kokkos::TeamVectorRange(member, H * D), [&](int i) {
-      const int g = i / D;
-      s.q[i] = g < pass.heads ? to_float(query(pass.seq, pass.first_head + g, i % D)) * geo.scale : 0.0f;
+      const int r = i / D;
+      s.q[i] = r < pass.rows ? to_float(query(row_token(pass, r), row_head(pass, r), i % D)) * geo.scale : 0.0f;
       s.o[i] = 0.0f;
     });
     member.team_barrier();
   }
 
-  /// The pass's results: out, or tmp_out with max_logits and exp_sums.
+  KOKKOS_INLINE_FUNCTION FinalRow final_row(const Pass& pass, int r, const SoftmaxState& state) const {
+    return FinalRow(state, geo.variant.sinks, geo.variant.sinks ? sinks(row_head(pass, r)) : 0.0f, geo.value_scale);
+  }
+
+  /// The pass's results: out (and lse when asked for), or tmp_out with max_logits and exp_sums.
   KOKKOS_INLINE_FUNCTION void store(const member_type& member, const TileScratch& s, const Pass& pass,
                                     const SoftmaxStates<H>& running) const {
     const int D = geo.head_size;
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(member, pass.heads * D), [&](int i) {
-      const int g = i / D;
-      // fp8 values are dequantised here: the output is linear in V. A NaN sum stays NaN.
-      const float exp_sum = running.head[g].exp_sum;
-      const float inv_sum = exp_sum == 0.0f ? 0.0f : geo.value_scale / exp_sum;
-      if (geo.output == Output::Final) {
-        out(pass.seq, pass.first_head + g, i % D) = from_float<T>(s.o[i] * inv_sum);
-      } else {
-        tmp_out(pass.seq, pass.first_head + g, pass.partition, i % D) = from_float<TmpT>(s.o[i] * inv_sum);
+    // Each row's output factor (into scratch the kernel paths are done with): the sink and
+    // fp8 value scale included; fp8 values are dequantised here, the output being linear in V.
+    float* factor = s.running;
+    member.team_barrier();  // every worker has read the kernel path's running state
+    Kokkos::single(Kokkos::PerTeam(member), [&]() {
+      for (int r = 0; r < pass.rows; ++r) {
+        const int token = row_token(pass, r), head = row_head(pass, r);
+        if (geo.output == Output::Partition) {
+          const float exp_sum = running.head[r].exp_sum;  // a NaN sum stays NaN
+          factor[r] = exp_sum == 0.0f ? 0.0f : geo.value_scale / exp_sum;
+          max_logits(token, head, pass.partition) = running.head[r].max_logit;
+          exp_sums(token, head, pass.partition) = exp_sum;
+        } else {
+          const FinalRow row = final_row(pass, r, running.head[r]);
+          factor[r] = row.out_factor;
+          if (lse.extent(0) > 0) lse(token, head) = row.lse;
+        }
       }
     });
-    if (geo.output == Output::Partition) {
-      Kokkos::single(Kokkos::PerTeam(member), [&]() {
-        for (int g = 0; g < pass.heads; ++g) {
-          max_logits(pass.seq, pass.first_head + g, pass.partition) = running.head[g].max_logit;
-          exp_sums(pass.seq, pass.first_head + g, pass.partition) = running.head[g].exp_sum;
-        }
+    member.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(member, pass.rows * D), [&](int i) {
+      const int r = i / D;
+      const int token = row_token(pass, r), head = row_head(pass, r);
+      if (geo.output == Output::Final) {
+        out(token, head, i % D) = from_float<T>(s.o[i] * factor[r]);
+      } else {
+        tmp_out(token, head, pass.partition, i % D) = from_float<TmpT>(s.o[i] * factor[r]);
+      }
+    });
+    member.team_barrier();  // the next pass reuses the scratch
+  }
+
+  /// Output 0 (and the LSE of nothing attended) for every row of `pass`.
+  KOKKOS_INLINE_FUNCTION void store_empty(const member_type& member, const Pass& pass) const {
+    const int D = geo.head_size;
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(member, pass.rows * D), [&](int i) {
+      out(row_token(pass, i / D), row_head(pass, i / D), i % D) = from_float<T>(0.0f);
+    });
+    if (lse.extent(0) > 0) {
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(member, pass.rows), [&](int r) {
+        lse(row_token(pass, r), row_head(pass, r)) = final_row(pass, r, SoftmaxState{}).lse;
       });
     }
-    member.team_barrier();  // the next pass reuses the scratch
   }
 
   KOKKOS_INLINE_FUNCTION const CacheT* key_head(const Pass& pass) const {
@@ -166,16 +257,19 @@ struct PartitionKernel {
     return value_cache + pass.kv_head * geo.cache_head_stride;
   }
 
+  /// ALiBi slope of each row (0: none) and each row's position.
   template <int N>
-  KOKKOS_INLINE_FUNCTION void load_alibi(const Pass& pass, float (&alibi)[N]) const {
-    for (int g = 0; g < N; ++g) {
-      alibi[g] = (g < pass.heads && alibi_slopes.extent(0) > 0) ? alibi_slopes(pass.first_head + g) : 0.0f;
+  KOKKOS_INLINE_FUNCTION void load_rows(const Pass& pass, float (&alibi)[N], int (&position)[N]) const {
+    for (int r = 0; r < N; ++r) {
+      alibi[r] = (r < pass.rows && alibi_slopes.extent(0) > 0) ? alibi_slopes(row_head(pass, r)) : 0.0f;
+      position[r] = row_position(pass, r < pass.rows ? r : pass.rows - 1);
     }
   }
 
-  /// Block-sparse pattern (vLLM's blocksparse_* arguments): which heads of the pass attend the
-  /// block starting at token `block_token`; returns whether any real head does. Padding heads
-  /// follow the real ones. Dense attention attends everything.
+  /// Block-sparse pattern (vLLM's blocksparse_* arguments, the query block being each row's
+  /// own): which rows of the pass attend the block starting at token `block_token`; returns
+  /// whether any real row does. Padding rows follow the real ones. Dense attention attends
+  /// everything.
   template <int N>
   KOKKOS_INLINE_FUNCTION bool block_mask(const Pass& pass, int block_token, bool (&attends)[N]) const {
     if (geo.sparse.vert_stride <= 1) {
@@ -183,18 +277,18 @@ struct PartitionKernel {
       return true;
     }
     const BlockSparseGeometry& bs = geo.sparse;
-    const int query_block = (pass.seq_len - 1) / bs.block_size;
     const int key_block = block_token / bs.block_size;
-    const bool local = key_block > query_block - bs.local_blocks;
     bool any = false;
-    for (int g = 0; g < pass.heads; ++g) {
+    for (int r = 0; r < pass.rows; ++r) {
+      const int query_block = row_position(pass, r) / bs.block_size;
+      const bool local = key_block > query_block - bs.local_blocks;
       const int offset = bs.head_sliding_step >= 0
-                             ? (bs.tp_rank * bs.num_heads + pass.first_head + g) * bs.head_sliding_step + 1
+                             ? (bs.tp_rank * bs.num_heads + row_head(pass, r)) * bs.head_sliding_step + 1
                              : (bs.tp_rank * geo.num_kv_heads + pass.kv_head) * -bs.head_sliding_step + 1;
-      attends[g] = local || (key_block + offset) % bs.vert_stride == 0;
-      any = any || attends[g];
+      attends[r] = local || (key_block + offset) % bs.vert_stride == 0;
+      any = any || attends[r];
     }
-    for (int g = pass.heads; g < N; ++g) attends[g] = any;
+    for (int r = pass.rows; r < N; ++r) attends[r] = any;
     return any;
   }
 };
@@ -208,44 +302,81 @@ struct PartitionReduceKernel {
 
   typename args_type::template view<T***> out;
   typename args_type::template view<const int*> seq_lens;
+  typename args_type::template view<const int*> query_start_loc;
+  typename args_type::template view<const float*> sinks;
+  typename args_type::template view<float**> lse;
   typename args_type::template view<float***> exp_sums;
   typename args_type::template view<float***> max_logits;
   typename args_type::template view<TmpT****> tmp_out;
+  TileGeometry geo;        ///< the partition kernel's
   int num_heads = 0;
-  int head_size = 0;
-  int partition_size = 0;
-  int num_partitions = 0;  ///< the plan's; never more than exp_sums.extent(2)
-  int items = 0;           ///< num_seqs * num_heads
+  int num_seqs = 0;
+  int items = 0;           ///< query rows x num_heads
   int league_size = 0;
   int scratch_level = 0;
 
+  PartitionReduceKernel(const args_type& args, const TileGeometry& geometry, int heads, int seqs, int rows,
+                        int league, int level)
+      : out(args.out),
+        seq_lens(args.seq_lens),
+        query_start_loc(args.query_start_loc),
+        sinks(args.sinks),
+        lse(args.lse),
+        exp_sums(args.exp_sums),
+        max_logits(args.max_logits),
+        tmp_out(args.tmp_out),
+        geo(geometry),
+        num_heads(heads),
+        num_seqs(seqs),
+        items(rows * heads),
+        league_size(league),
+        scratch_level(level) {}
+
+  /// The sequence of query row `token`: the last s with query_start_loc(s) <= token.
+  KOKKOS_INLINE_FUNCTION int sequence_of(int token) const {
+    if (!geo.several_query_tokens) return token;
+    int lo = 0, hi = num_seqs;
+    while (hi - lo > 1) {
+      const int mid = lo + (hi - lo) / 2;
+      if (query_start_loc(mid) <= token) lo = mid; else hi = mid;
+    }
+    return lo;
+  }
+
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& member) const {
-    scratch_view shares(member.team_scratch(scratch_level), num_partitions);
+    scratch_view shares(member.team_scratch(scratch_level), geo.num_partitions);
     int first = 0, count = 0;
     even_share(items, league_size, member.league_rank(), first, count);
     for (int item = first; item < first + count; ++item) {
-      const int seq = item / num_heads;
+      const int token = item / num_heads;
       const int head = item % num_heads;
+      const int seq = sequence_of(token);
+      const int query_len = geo.several_query_tokens ? query_start_loc(seq + 1) - query_start_loc(seq) : 1;
       // Bounded by the plan even when seq_lens exceeds max_seq_len (unchecked indices).
       const int seq_len = seq_lens(seq);
-      const int needed = seq_len > 0 ? (seq_len - 1) / partition_size + 1 : 0;
-      const int partitions = needed < num_partitions ? needed : num_partitions;
+      const int span = seq_len - geo.variant.span_begin(seq_len, query_len, geo.block_size);
+      const int needed = span > 0 ? (span - 1) / geo.partition_size + 1 : 0;
+      const int partitions = needed < geo.num_partitions ? needed : geo.num_partitions;
       SoftmaxState total;
       Kokkos::parallel_reduce(
           Kokkos::TeamThreadRange(member, partitions),
           [&](int p, SoftmaxState& state) {
-            state.merge(SoftmaxState{max_logits(seq, head, p), exp_sums(seq, head, p)});
+            state.merge(SoftmaxState{max_logits(token, head, p), exp_sums(token, head, p)});
           },
           SoftmaxReducer<Space>(total));
+      // The sink joins the denominator only: it lowers every partition's share.
+      const FinalRow row(total, geo.variant.sinks, geo.variant.sinks ? sinks(head) : 0.0f, 1.0f);
+      if (geo.variant.sinks) total.merge(SoftmaxState{sinks(head), 1.0f});
       Kokkos::parallel_for(Kokkos::TeamVectorRange(member, partitions), [&](int p) {
-        shares(p) = total.share_of(SoftmaxState{max_logits(seq, head, p), exp_sums(seq, head, p)});
+        shares(p) = total.share_of(SoftmaxState{max_logits(token, head, p), exp_sums(token, head, p)});
       });
       member.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamVectorRange(member, head_size), [&](int d) {
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(member, geo.head_size), [&](int d) {
         float acc = 0.0f;
-        for (int p = 0; p < partitions; ++p) acc += shares(p) * to_float(tmp_out(seq, head, p, d));
-        out(seq, head, d) = from_float<T>(acc);
+        for (int p = 0; p < partitions; ++p) acc += shares(p) * to_float(tmp_out(token, head, p, d));
+        out(token, head, d) = from_float<T>(acc);
       });
+      if (lse.extent(0) > 0) Kokkos::single(Kokkos::PerTeam(member), [&]() { lse(token, head) = row.lse; });
       member.team_barrier();
     }
   }

@@ -4,9 +4,10 @@
 // in chunks of whole blocks; per chunk:
 //   1. logits: one worker per token. Lane i of a warp takes slot i of a block, so with vLLM's
 //      key layout the warp's 16-byte key loads are contiguous; the worker computes the whole
-//      q.k for every head of the pass (the queries sit in scratch and are read by all lanes at
+//      q.k for every row of the pass (the queries sit in scratch and are read by all lanes at
 //      once), with no cross-lane sums. Its logits fold into a SoftmaxStates<H> through one team
-//      parallel_reduce with SoftmaxReducer: the chunk's softmax state for all heads at once;
+//      parallel_reduce with SoftmaxReducer: the chunk's softmax state for all rows at once (the
+//      variant's cap, ALiBi and the row masks applied per logit);
 //   2. the chunk state merges into the running state (in scratch); each logit becomes its
 //      probability against the running max;
 //   3. p.V: one worker per head dimension, reading that dimension's row of each block with
@@ -79,6 +80,7 @@ struct DevicePath {
         running_sum[g] = 0.0f;
       }
     });
+    member.team_barrier();  // a pass whose rows attend nothing here has no chunk (and no barrier) below
     for (int chunk_begin = pass.begin; chunk_begin < pass.end; chunk_begin += CT) {
       const int tokens = (pass.end - chunk_begin < CT) ? pass.end - chunk_begin : CT;
       const int blocks = (tokens + B - 1) / B;
@@ -136,11 +138,15 @@ struct DevicePath {
       slot_dot<H, X>(k.key_head(pass) + block_id * k.geo.cache_block_stride + slot * X, B * X, k.geo.head_size / X,
                      s.q, k.geo.head_size, logits);
     }
-    const float position = static_cast<float>(chunk_begin + i - pass.seq_len + 1);
+    const int key = chunk_begin + i;
     const bool alibi = k.alibi_slopes.extent(0) > 0;
     for (int g = 0; g < H; ++g) {
-      if (alibi && g < pass.heads) logits[g] += k.alibi_slopes(pass.first_head + g) * position;
-      const float logit = any_attends && attends[g] ? logits[g] : -compat::infinity();
+      // The variant's cap, then ALiBi, then the masks (block-sparse, the row's causal window).
+      const int position = k.row_position(pass, g < pass.rows ? g : pass.rows - 1);
+      logits[g] = k.geo.variant.transform(logits[g]);
+      if (alibi && g < pass.rows) logits[g] += k.alibi_slopes(k.row_head(pass, g)) * static_cast<float>(key - position);
+      const bool attended = any_attends && attends[g] && (!k.masks_rows() || k.in_row_range(key, position));
+      const float logit = attended ? logits[g] : -compat::infinity();
       s.probs[g * CT + i] = logit;
       state.head[g].add(logit);
     }

@@ -1,8 +1,9 @@
 #pragma once
 // The inner loops of the host kernel path, one set per instruction set (HostIsa): a team member
 // calls them on raw pointers for one block or one chunk, so everything that depends on the CPU
-// sits behind three function pointers chosen once per pass:
+// sits behind four function pointers chosen once per pass:
 //   block_logits  q . k for the H query heads of a pass against the slots of one cache block;
+//   row_soft_cap  one row of a chunk's logits soft-capped (the variant's logits transform);
 //   row_softmax   one head's row of a chunk's logits: ALiBi, the max, p = exp(logit - max), the sum;
 //   chunk_values  o = o * weight + p . V for a range of output dimensions over a chunk.
 // host_kernels_portable.hpp holds the arguments and the plain C++ set every CPU runs;
@@ -23,6 +24,8 @@ struct HostKernels {
   /// `floor` and every p[i] (NaN ignored), p[i] = exp(p[i] - *max) (when *max is -inf, nothing is
   /// attended: 0, or NaN for a NaN), and the sum of the p[i] returned (NaN if any p[i] is).
   float (*row_softmax)(float* p, int n, float slope, float position, float floor, float* max);
+  /// p[i] = cap * tanh(p[i] / cap) for i < n; -inf and NaN stay as they are.
+  void (*row_soft_cap)(float* p, int n, float cap);
   void (*chunk_values)(const ChunkValuesArgs<CacheT>&, int d_begin, int d_end);
 };
 
@@ -31,11 +34,12 @@ template <int H, class CacheT>
 HostKernels<H, CacheT> host_kernels(HostIsa isa) {
 #ifdef KPA_IMPL_X86_KERNELS
   if (isa == HostIsa::Avx2 && avx2::has_kernels<CacheT>) {
-    return {&avx2::block_logits<H, CacheT>, &avx2::row_softmax, &avx2::chunk_values<H, CacheT>};
+    return {&avx2::block_logits<H, CacheT>, &avx2::row_softmax, &avx2::row_soft_cap, &avx2::chunk_values<H, CacheT>};
   }
 #endif
   (void)isa;
-  return {&portable::block_logits<H, CacheT>, &portable::row_softmax, &portable::chunk_values<H, CacheT>};
+  return {&portable::block_logits<H, CacheT>, &portable::row_softmax, &portable::row_soft_cap,
+          &portable::chunk_values<H, CacheT>};
 }
 
 }  // namespace kpa::detail

@@ -79,6 +79,13 @@ inline float row_softmax(float* p, int n, float slope, float position, float flo
   return sum;
 }
 
+/// p[i] = cap * tanh(p[i] / cap) for i < n; -inf (masked) stays -inf, NaN stays NaN.
+inline void row_soft_cap(float* p, int n, float cap) {
+  for (int i = 0; i < n; ++i) {
+    if (p[i] != -compat::infinity()) p[i] = cap * std::tanh(p[i] / cap);
+  }
+}
+
 template <int H, class CacheT>
 void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin, int d_end) {
   constexpr int W = 8;  // partial sums per head

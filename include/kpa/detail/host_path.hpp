@@ -1,14 +1,15 @@
 #pragma once
 // The host kernel path (KernelPath::Host): how a team computes one pass over a tile on a CPU.
 // The tile's tokens go in chunks of whole blocks, with an online softmax across chunks; per chunk:
-//   1. logits: team members take blocks; each K element is read once for every head of the pass
+//   1. logits: team members take blocks; each K element is read once for every row of the pass
 //      (block_logits);
-//   2. members take heads: ALiBi, the chunk's max against the running max, one vectorised exp per
-//      logit and the sum (row_softmax); the chunk's softmax states of all heads come out of one
+//   2. members take rows: the variant's cap and row mask, ALiBi, the chunk's max against the
+//      running max, one vectorised exp per logit and the sum (row_softmax); the chunk's softmax
+//      states of all rows come out of one
 //      team parallel_reduce with SoftmaxReducer, and the running state absorbs them, giving each
 //      head's rescale weight for its running output;
 //   3. o = o * weight + p . V: members take ranges of output dimensions, each V element read once
-//      for every head (chunk_values).
+//      for every row (chunk_values).
 // Software prefetch, one block ahead: the next block's keys and this block's values (measured
 // on 1 x 8192 tokens, 32/8 heads, f16, warm caches: 10-20% faster; a whole chunk ahead: nothing).
 // The inner loops are host_kernels.hpp's, for the instruction set the plan names.
@@ -40,8 +41,9 @@ struct HostPath {
     const int B = k.geo.block_size, CT = k.geo.chunk_tokens, D = k.geo.head_size;
     const CacheT* key_head = k.key_head(pass);
     const CacheT* value_head = k.value_head(pass);
-    float alibi[H];  // slopes; 0: no ALiBi
-    k.template load_alibi<H>(pass, alibi);
+    float alibi[H];   // slopes; 0: no ALiBi
+    int position[H];  // each row's query position
+    k.template load_rows<H>(pass, alibi, position);
     for (int chunk_begin = pass.begin; chunk_begin < pass.end; chunk_begin += CT) {
       const int tokens = (pass.end - chunk_begin < CT) ? pass.end - chunk_begin : CT;
       const int blocks = (tokens + B - 1) / B;
@@ -81,8 +83,12 @@ struct HostPath {
           Kokkos::TeamThreadRange(member, H),
           [&](int g, SoftmaxStates<H>& state) {
             float max = 0.0f;
+            if (k.geo.variant.transforms_logits()) {
+              kernels.row_soft_cap(s.probs + g * CT, tokens, k.geo.variant.logits_soft_cap);
+            }
+            k.mask_row(s.probs + g * CT, tokens, chunk_begin, position[g]);
             const float sum = kernels.row_softmax(s.probs + g * CT, tokens, alibi[g],
-                                                  static_cast<float>(chunk_begin - pass.seq_len + 1),
+                                                  static_cast<float>(chunk_begin - position[g]),
                                                   running.head[g].max_logit, &max);
             state.head[g].merge(SoftmaxState{max, sum});
           },

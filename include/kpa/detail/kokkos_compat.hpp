@@ -23,6 +23,22 @@ KOKKOS_INLINE_FUNCTION float exp(float v) {
 #endif
 }
 
+KOKKOS_INLINE_FUNCTION float log(float v) {
+#if KOKKOS_VERSION >= 30700
+  return Kokkos::log(v);
+#else
+  return Kokkos::Experimental::log(v);
+#endif
+}
+
+KOKKOS_INLINE_FUNCTION float tanh(float v) {
+#if KOKKOS_VERSION >= 30700
+  return Kokkos::tanh(v);
+#else
+  return Kokkos::Experimental::tanh(v);
+#endif
+}
+
 KOKKOS_INLINE_FUNCTION float fmax(float a, float b) {
 #if KOKKOS_VERSION >= 30700
   return Kokkos::fmax(a, b);

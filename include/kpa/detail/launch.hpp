@@ -97,19 +97,16 @@ LaunchPlan plan_attention(const char* call, const Space& space, const ProblemSha
   return plan;
 }
 
-/// Launches the attention kernel of `plan`, writing `output` (the final output, or the v2
-/// partition triple of `args`). CacheT is the caches' element type (std::uint8_t for fp8).
-template <class CacheT, class Space, class T, class TmpT>
-void launch_partition_kernel(const char* label, const Space& space, const LaunchPlan& plan, Output output,
-                             const ProblemShape& shape, const AttentionArgs<Space, T, TmpT>& args,
-                             const AttentionParams& params) {
-  if (plan.tiles == 0) return;
-  if (plan.kernel_path == KernelPath::Device) check_aligned_caches(label, args.key_cache, args.value_cache);
+/// Everything a kernel of `plan` needs besides its views.
+template <class Space, class T, class TmpT>
+TileGeometry tile_geometry(const LaunchPlan& plan, Output output, const ProblemShape& shape,
+                           const AttentionArgs<Space, T, TmpT>& args, const AttentionParams& params) {
   const bool fp8 = params.kv_cache_dtype != KVCacheDType::Auto;
   TileGeometry geo;
   geo.output = output;
   geo.num_kv_heads = shape.num_kv_heads;
   geo.group_size = shape.num_heads / shape.num_kv_heads;
+  geo.several_query_tokens = args.query_start_loc.extent(0) > 0;
   geo.head_size = shape.head_size;
   geo.block_size = shape.block_size;
   geo.partition_size = plan.partition_size;
@@ -129,8 +126,23 @@ void launch_partition_kernel(const char* label, const Space& space, const Launch
     geo.sparse.tp_rank = params.tp_rank;
     geo.sparse.num_heads = shape.num_heads;
   }
+  geo.variant.logits_soft_cap = params.logits_soft_cap;
+  geo.variant.sliding_window = params.sliding_window;
+  geo.variant.sinks = args.sinks.extent(0) > 0;
   geo.cache_head_stride = static_cast<std::int64_t>(shape.head_size) * shape.block_size;
   geo.cache_block_stride = geo.cache_head_stride * shape.num_kv_heads;
+  return geo;
+}
+
+/// Launches the attention kernel of `plan`, writing `output` (the final output, or the v2
+/// partition triple of `args`). CacheT is the caches' element type (std::uint8_t for fp8).
+template <class CacheT, class Space, class T, class TmpT>
+void launch_partition_kernel(const char* label, const Space& space, const LaunchPlan& plan, Output output,
+                             const ProblemShape& shape, const AttentionArgs<Space, T, TmpT>& args,
+                             const AttentionParams& params) {
+  if (plan.tiles == 0) return;
+  if (plan.kernel_path == KernelPath::Device) check_aligned_caches(label, args.key_cache, args.value_cache);
+  const TileGeometry geo = tile_geometry(plan, output, shape, args, params);
   with_partition_kernel<Space, CacheT, T, TmpT>(label, plan, params.kv_cache_dtype, [&](auto tag) {
     using Kernel = typename decltype(tag)::type;
     const Kernel kernel(args, geo, plan.scratch_level);
@@ -140,16 +152,16 @@ void launch_partition_kernel(const char* label, const Space& space, const Launch
   });
 }
 
-/// Launches the v2 reduce of `plan`: merges the partition triple of every (sequence, head) into out.
+/// Launches the v2 reduce of `plan`: merges the partition triple of every (query row, head)
+/// into out (and lse when asked for).
 template <class Space, class T, class TmpT>
 void launch_partition_reduce(const char* label, const Space& space, const LaunchPlan& plan, const ProblemShape& shape,
-                             const AttentionArgs<Space, T, TmpT>& args) {
+                             const AttentionArgs<Space, T, TmpT>& args, const AttentionParams& params) {
   using Kernel = PartitionReduceKernel<Space, T, TmpT>;
-  const int items = shape.num_seqs * shape.num_heads;
-  if (items == 0) return;
-  const Kernel kernel{args.out,          args.seq_lens,       args.exp_sums,          args.max_logits,
-                      args.tmp_out,      shape.num_heads,     shape.head_size,        plan.partition_size,
-                      plan.num_partitions, items,              plan.reduce_league_size, plan.reduce_scratch_level};
+  const int rows = static_cast<int>(args.out.extent(0));
+  if (rows == 0 || shape.num_heads == 0) return;
+  const Kernel kernel(args, tile_geometry(plan, Output::Final, shape, args, params), shape.num_heads, shape.num_seqs,
+                      rows, plan.reduce_league_size, plan.reduce_scratch_level);
   const auto policy = team_policy_for<typename Kernel::policy_type>(label, space, plan, plan.reduce_league_size,
                                                                     plan.reduce_scratch_bytes,
                                                                     plan.reduce_scratch_level, kernel);

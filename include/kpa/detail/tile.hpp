@@ -2,6 +2,7 @@
 // The vocabulary both kernel paths share: what a tile is, where its team scratch lives, and how
 // tiles are shared out among the teams of a league.
 
+#include <kpa/detail/attention_variant.hpp>
 #include <kpa/detail/kokkos_compat.hpp>
 #include <kpa/detail/tile_config.hpp>
 #include <kpa/launch_plan.hpp>
@@ -29,6 +30,7 @@ struct TileGeometry {
   Output output = Output::Final;
   int num_kv_heads = 0;
   int group_size = 0;  ///< query heads per kv head
+  bool several_query_tokens = false;  ///< query_start_loc given: rows are query tokens x heads
   int head_size = 0;
   int block_size = 0;
   int partition_size = 0;
@@ -40,14 +42,22 @@ struct TileGeometry {
   float scale = 1.0f;        ///< multiplies q.k (includes the fp8 key scale)
   float value_scale = 1.0f;  ///< fp8 value scale (1 otherwise)
   BlockSparseGeometry sparse;
+  AttentionVariant variant;
   std::int64_t cache_block_stride = 0;  ///< elements between consecutive physical blocks
   std::int64_t cache_head_stride = 0;   ///< elements between kv heads inside a block
 };
 
-/// One pass over a tile: a run of up to H query heads of one kv head's group, over the tokens
-/// [begin, end) of one partition of one sequence.
+/// One pass over a tile: a run of up to H of its rows over the tokens [begin, end) of one
+/// partition of one sequence. The tile's rows are its sequence's query tokens x the kv head's
+/// group of query heads, row r being query token r / group_size and head r % group_size of the
+/// group (decode: one token, the rows are the group's heads).
 struct Pass {
-  int seq, kv_head, first_head, heads, seq_len, begin, end, partition;
+  int seq, kv_head;
+  int first_row;    ///< the tile's row that is the pass's row 0
+  int rows;         ///< real rows (<= H; the others are padding: zero queries, never stored)
+  int query_start;  ///< the sequence's first row of query / out
+  int query_len;    ///< its query tokens: the last query_len of its seq_len tokens
+  int seq_len, begin, end, partition;
 };
 
 /// A team's scratch during a pass (see TileScratchLayout).

@@ -10,10 +10,12 @@
 
 namespace kpa::detail {
 
-/// Heads per pass the host path is compiled for (6: GQA groups of 3, 5, 6 and 12 without
-/// padding to 8), and the device path's (powers of two keep its instantiations few). The planner
+/// Rows per pass (query heads of a GQA group x the sequence's query tokens) the host path is
+/// compiled for (6: groups of 3, 5, 6 and 12 without padding to 8; 16: groups of 16, and 4 query
+/// tokens of a group of 4, with one read of K/V), and the device path's (powers of two up to 8
+/// keep its instantiations and registers few; more rows take several passes). The planner
 /// chooses among these values and the launch instantiates exactly these.
-using HostHeadsPerPass = std::integer_sequence<int, 1, 2, 4, 6, 8>;
+using HostHeadsPerPass = std::integer_sequence<int, 1, 2, 4, 6, 8, 16>;
 using DeviceHeadsPerPass = std::integer_sequence<int, 1, 2, 4, 8>;
 
 template <int... Heads>
@@ -24,9 +26,10 @@ inline constexpr auto kHostHeadsPerPass = values_of(HostHeadsPerPass{});
 inline constexpr auto kDeviceHeadsPerPass = values_of(DeviceHeadsPerPass{});
 
 /// Team scratch of one tile pass, in floats then ints:
-///   q [H][D] (pre-scaled query), o [H][D] (running unnormalised output),
+///   q [H][D] (pre-scaled query rows), o [H][D] (running unnormalised output),
 ///   probs [H][CT] (the chunk's logits, then probabilities),
-///   running [3][H] (running max, running sum, last merge weight of each head: device path),
+///   running [3][H] (running max, running sum, last merge weight of each row: device path;
+///                   then each row's output factor when the pass stores),
 ///   block_ids [CB] (the chunk's physical blocks; -1: attended by no head of the pass).
 struct TileScratchLayout {
   int heads = 0;

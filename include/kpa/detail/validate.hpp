@@ -11,6 +11,7 @@
 #include <kpa/launch_plan.hpp>
 #include <kpa/numeric_types.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <sstream>
@@ -35,7 +36,7 @@ std::string extents_of(const View& view) {
   return text + "]";
 }
 
-inline constexpr int kMaxHeadSize = 256;
+inline constexpr int kMaxHeadSize = 512;
 
 /// Every view extent kpa indexes with int must fit one.
 template <class View>
@@ -135,24 +136,29 @@ inline void check_aligned_caches(const char* call, const void* key_cache, const 
   }
 }
 
-/// Checks extents, relations and parameters of an attention call; returns its shape.
+/// Checks extents, relations and parameters of an attention call; returns its shape. With
+/// `several_query_tokens` (query_start_loc given) query and out have a row per query token and
+/// seq_lens a row per sequence; otherwise a row per sequence each.
 template <class OutView, class QueryView, class KeyCacheView, class ValueCacheView, class BlockTableView,
           class SeqLenView, class AlibiView>
 ProblemShape check_attention_args(const char* call, const OutView& out, const QueryView& query,
                                   const KeyCacheView& key_cache, const ValueCacheView& value_cache,
                                   const BlockTableView& block_tables, const SeqLenView& seq_lens, int max_seq_len,
-                                  const AlibiView& alibi_slopes, const AttentionParams& params) {
+                                  const AlibiView& alibi_slopes, const AttentionParams& params,
+                                  bool several_query_tokens = false) {
   using CacheT = typename KeyCacheView::non_const_value_type;
   constexpr int x = static_cast<int>(16 / sizeof(CacheT));
   check_cache_format<CacheT>(call, params.kv_cache_dtype, params.k_scale, params.v_scale);
   check_int_extents(call, "query", query);
   check_int_extents(call, "out", out);
   check_int_extents(call, "block_tables", block_tables);
+  check_int_extents(call, "seq_lens", seq_lens);
   if (out.extent(0) != query.extent(0) || out.extent(1) != query.extent(1) || out.extent(2) != query.extent(2)) {
     fail(call, "out extents ", extents_of(out), " differ from query extents ", extents_of(query));
   }
   ProblemShape shape;
-  shape.num_seqs = static_cast<int>(query.extent(0));
+  shape.num_seqs = static_cast<int>(several_query_tokens ? seq_lens.extent(0) : query.extent(0));
+  shape.num_tokens = static_cast<int>(query.extent(0));
   shape.num_heads = static_cast<int>(query.extent(1));
   shape.head_size = static_cast<int>(query.extent(2));
   shape.num_kv_heads = static_cast<int>(key_cache.extent(1));
@@ -165,10 +171,10 @@ ProblemShape check_attention_args(const char* call, const OutView& out, const Qu
     fail(call, "num_heads ", shape.num_heads, " is not a multiple of num_kv_heads ", shape.num_kv_heads);
   }
   shape.block_size = check_cache_extents(call, key_cache, value_cache, shape.num_kv_heads, shape.head_size).block_size;
-  if (block_tables.extent(0) != query.extent(0)) {
+  if (static_cast<int>(block_tables.extent(0)) != shape.num_seqs) {
     fail(call, "block_tables has ", block_tables.extent(0), " rows, expected num_seqs = ", shape.num_seqs);
   }
-  if (seq_lens.extent(0) != query.extent(0)) {
+  if (static_cast<int>(seq_lens.extent(0)) != shape.num_seqs) {
     fail(call, "seq_lens has ", seq_lens.extent(0), " entries, expected num_seqs = ", shape.num_seqs);
   }
   if (alibi_slopes.extent(0) != 0 && static_cast<int>(alibi_slopes.extent(0)) != shape.num_heads) {
@@ -179,6 +185,11 @@ ProblemShape check_attention_args(const char* call, const OutView& out, const Qu
     fail(call, "max_seq_len ", max_seq_len, " exceeds the supported maximum ",
          std::numeric_limits<int>::max() - shape.block_size, " (INT_MAX - block_size)");
   }
+  if (!std::isfinite(params.logits_soft_cap) || params.logits_soft_cap < 0.0f) {  // isfinite first: no FE_INVALID
+    fail(call, "logits_soft_cap must be 0 (off) or a positive finite number, got ", params.logits_soft_cap);
+  }
+  if (params.sliding_window < 0) fail(call, "sliding_window must be 0 (off) or positive, got ", params.sliding_window);
+  shape.sliding_window = params.sliding_window;
   const BlockSparse& sparse = params.block_sparse;
   if (sparse.vert_stride > 1) {
     if (sparse.block_size <= 0 || sparse.block_size % shape.block_size != 0) {
@@ -298,6 +309,47 @@ void check_sequence_indices(const char* call, const Space& space, const BlockTab
   }
   fail(call, "block_tables[", s, "][", column, "] = ", element_on_host(block_tables, s, column),
        " is outside [0, num_blocks = ", num_blocks, ")");
+}
+
+/// query_start_loc of `num_seqs` sequences over `num_tokens` query rows: it starts at 0, ends
+/// at num_tokens and never decreases, and sequence s has at most min(seq_lens[s], max_query_len)
+/// query tokens. Code 2s: entry s out of order; 2s + 1: sequence s has too many tokens; code
+/// 2 num_seqs: the last entry is not num_tokens.
+template <class QueryStartView, class SeqLenView>
+struct QueryStartCheck {
+  QueryStartView query_start_loc;
+  SeqLenView seq_lens;
+  std::int64_t num_seqs, num_tokens;
+  int max_query_len;
+
+  KOKKOS_INLINE_FUNCTION std::int64_t operator()(std::int64_t s) const {
+    if (s == num_seqs) return query_start_loc(s) == num_tokens ? -1 : 2 * s;
+    const std::int64_t start = query_start_loc(s), len = query_start_loc(s + 1) - start;
+    if ((s == 0 && start != 0) || len < 0) return 2 * s;
+    if (len > seq_lens(s) || len > max_query_len) return 2 * s + 1;
+    return -1;
+  }
+};
+
+template <class Space, class QueryStartView, class SeqLenView>
+void check_query_start_loc(const char* call, const Space& space, const QueryStartView& query_start_loc,
+                           const SeqLenView& seq_lens, const ProblemShape& shape) {
+  const QueryStartCheck<QueryStartView, SeqLenView> check{query_start_loc, seq_lens, shape.num_seqs,
+                                                          shape.num_tokens, shape.max_query_len};
+  const std::int64_t first = first_failure("kpa::check_query_start_loc", space, shape.num_seqs + 1, check);
+  if (first < 0) return;
+  const std::int64_t s = first / 2;
+  if (s == shape.num_seqs) {
+    fail(call, "query_start_loc[", s, "] = ", element_on_host(query_start_loc, s), " is not num_tokens = ",
+         shape.num_tokens, " (the rows of query)");
+  }
+  const int start = element_on_host(query_start_loc, s), next = element_on_host(query_start_loc, s + 1);
+  if (first % 2 == 0) {
+    if (s == 0 && start != 0) fail(call, "query_start_loc[0] = ", start, " is not 0");
+    fail(call, "query_start_loc decreases at sequence ", s, " (", start, " then ", next, ")");
+  }
+  fail(call, "sequence ", s, " has ", next - start, " query tokens, more than seq_lens[", s,
+       "] = ", element_on_host(seq_lens, s), " or max_query_len = ", shape.max_query_len);
 }
 
 template <class SlotView>
