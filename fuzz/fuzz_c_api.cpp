@@ -100,7 +100,7 @@ bool valid(const Call& c) {
   if (is_fp8(c.cache_dtype) && !(c.k_scale > 0 && c.v_scale > 0)) return false;
   if (c.kv_heads < 1) return false;
   if (c.entry == 3) return true;  // reshape_and_cache: slots are checked by the caller below
-  if (c.heads < 1 || c.heads % c.kv_heads != 0 || c.head > 256 || c.max_seq_len < 0) return false;
+  if (c.heads < 1 || c.heads % c.kv_heads != 0 || c.head > 512 || c.max_seq_len < 0) return false;
   for (int64_t s = 0; s < c.seqs; ++s) {
     const int32_t len = c.seq_lens[s];
     if (len < 0 || len > c.max_seq_len || len > c.columns * c.block) return false;
@@ -192,7 +192,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   c.seqs = in.ConsumeIntegralInRange(0, 4);
   c.kv_heads = in.ConsumeIntegralInRange(0, 3);
   c.heads = c.kv_heads * in.ConsumeIntegralInRange(1, 4) + (in.ConsumeIntegralInRange(0, 7) == 0 ? 1 : 0);
-  static constexpr int head_sizes[] = {16, 32, 48, 64, 80, 96, 128, 256, 4, 8, 12, 30, 264, 0};
+  static constexpr int head_sizes[] = {16, 32, 48, 64, 80, 96, 128, 256, 4, 8, 12, 30, 520, 0};
   c.head = in.PickValueInArray(head_sizes);
   static constexpr int block_sizes[] = {8, 16, 32, 1, 3, 4, 0};
   c.block = in.PickValueInArray(block_sizes);
