@@ -5,6 +5,8 @@
 #   scripts/bootstrap-deps.sh --cuda [PREFIX]   CUDA Kokkos (default PREFIX: <repo>/.deps/install-cuda)
 #   scripts/bootstrap-deps.sh --clang [PREFIX]  Serial Kokkos built with clang, for the libFuzzer
 #                                               target (default PREFIX: <repo>/.deps/install-clang)
+#   scripts/bootstrap-deps.sh --python          the packages the PyTorch operators (python/) need,
+#                                               on top of the host ones; no Kokkos is built
 #
 # With KPA_SKIP_KOKKOS=1 only the distribution packages are installed (for builds against a
 # Kokkos given through Kokkos_ROOT). With KPA_OFFLINE=1 nothing is installed or fetched: the
@@ -17,6 +19,7 @@
 # - --cuda: Kokkos (Serial + OpenMP + CUDA, architecture KPA_CUDA_ARCH, default AMPERE80) with
 #   scripts/patches/kokkos-3.4.1-cuda13.patch applied, built into PREFIX once (about 6 MB);
 #   nvcc must be on PATH or in /usr/local/cuda/bin. Kokkos Kernels is not built for it.
+# - --python: python3-torch, libtorch-dev, pytest, venv, pip, wheel, setuptools, ninja.
 # - --clang: clang and its sanitizer and libFuzzer runtimes from the distribution, and Kokkos
 #   (Serial only: clang's OpenMP runtime is not the one the host prefix links) built with clang.
 # Later runs reuse a complete prefix. The deb-src entry is derived from the machine's own apt
@@ -28,6 +31,7 @@ mode=host
 case "${1:-}" in
   --cuda) mode=cuda; shift ;;
   --clang) mode=clang; shift ;;
+  --python) mode=python; shift ;;
 esac
 prefix=${1:-$repo/.deps/install$([ "$mode" = host ] || echo "-$mode")}
 src=$repo/.deps/src
@@ -159,7 +163,12 @@ build_cuda() {
 if [ "${KPA_OFFLINE:-0}" != 1 ]; then
   install_packages
   [ "$mode" = clang ] && install_packages clang libclang-rt-14-dev
+  # The distribution's torch (1.13, CPU) and its headers; pip, venv and wheel to install
+  # python/ into a virtual environment; ninja for torch's extension builds.
+  [ "$mode" = python ] && install_packages python3-torch libtorch-dev python3-pytest python3-venv python3-pip \
+    python3-wheel python3-setuptools ninja-build
 fi
+[ "$mode" = python ] && exit 0
 [ "$mode" = cuda ] && [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
 if [ "${KPA_SKIP_KOKKOS:-0}" = 1 ]; then
   exit 0

@@ -4,11 +4,13 @@
 #      host path (the best inner loops of this CPU and the portable ones) and the device kernel
 #      path; every public header on its own; the C ABI from C and from Python; a kpa-bench smoke
 #      run; the installed package used by a separate project and run from its prefix.
-#   2. Sanitizer build (<repo>/build-asan): the unit tests and the C ABI tests again, built with
+#   2. The PyTorch operators (scripts/python.sh --test): the distribution's torch, the package in
+#      python/ pip-installed into <repo>/build/python-venv against the host build, its pytest suite.
+#   3. Sanitizer build (<repo>/build-asan): the unit tests and the C ABI tests again, built with
 #      AddressSanitizer and UndefinedBehaviorSanitizer; any report fails the run.
-#   3. The libFuzzer target over the C ABI (scripts/fuzz.sh, <repo>/build-fuzz): a bounded run
+#   4. The libFuzzer target over the C ABI (scripts/fuzz.sh, <repo>/build-fuzz): a bounded run
 #      from the committed seed corpus (KPA_FUZZ_SECONDS, default 60).
-#   4. Where nvcc is found (unless KPA_SKIP_CUDA=1), CUDA build (Kokkos Serial + OpenMP + CUDA for
+#   5. Where nvcc is found (unless KPA_SKIP_CUDA=1), CUDA build (Kokkos Serial + OpenMP + CUDA for
 #      KPA_CUDA_ARCH, default AMPERE80, <repo>/build-cuda): every target compiled and linked, the
 #      unit-test binary and libkpa.so checked for machine code of that architecture, and the
 #      installed package built by a separate project. On a machine with an NVIDIA GPU the CUDA
@@ -23,6 +25,9 @@ build=${BUILD_DIR:-$repo/build}
 BUILD_DIR=$build "$repo/scripts/build.sh"
 # OMP_PROC_BIND=false: tests share the cores with each other; two threads exercise team sizes > 1.
 (cd "$build" && OMP_NUM_THREADS=2 OMP_PROC_BIND=false ctest -j "$(nproc)" --output-on-failure)
+
+log "PyTorch operators (python/): pip install against the host build, then pytest"
+BUILD_DIR=$build "$repo/scripts/python.sh" --test
 
 asan_build=${ASAN_BUILD_DIR:-$repo/build-asan}
 log "sanitizer build (address, undefined) in $asan_build"

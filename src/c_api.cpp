@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -24,6 +25,11 @@ using Space = Kokkos::DefaultExecutionSpace;
 using Memory = Space::memory_space;
 template <class DataType>
 using Unmanaged = Kokkos::View<DataType, Kokkos::LayoutRight, Memory, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+template <class T>
+struct Tag {
+  using type = T;
+};
 
 thread_local std::string last_error;
 std::atomic<bool> check_indices{true};  // kpa_set_check_indices
@@ -180,18 +186,38 @@ int guarded(Body&& body) {
   return outcome.status;
 }
 
-template <class T>
-struct Tag {
-  using type = T;
-};
-
-/// A kpa_dtype argument as the int the caller passed. C callers may pass any int, and C++ must not
-/// read an enum object holding a value outside the enum's range: copy its bytes instead.
-int dtype_value(const kpa_dtype& dtype) {
+/// An enum argument (kpa_dtype, kpa_memory) as the int the caller passed. C callers may pass any
+/// int, and C++ must not read an enum object holding a value outside the enum's range: copy its
+/// bytes instead.
+template <class Enum>
+int enum_value(const Enum& e) {
   int value = 0;
-  static_assert(sizeof value == sizeof dtype, "kpa_dtype is an int-sized enum");
-  std::memcpy(&value, &dtype, sizeof value);
+  static_assert(sizeof value == sizeof e, "kpa's enums are int-sized");
+  std::memcpy(&value, &e, sizeof value);
   return value;
+}
+int dtype_value(const kpa_dtype& dtype) { return enum_value(dtype); }
+
+/// Bytes of one element of a kpa_dtype.
+std::int64_t element_bytes(const char* call, int dtype) {
+  switch (dtype) {
+    case KPA_F32: return 4;
+    case KPA_F16:
+    case KPA_BF16: return 2;
+    case KPA_FP8_E4M3:
+    case KPA_FP8_E5M2: return 1;
+    default: invalid(call, "cache_dtype " + std::to_string(dtype) + " is not a kpa_dtype", KPA_ERR_UNSUPPORTED);
+  }
+}
+
+/// Calls run(Tag<memory space>) for a kpa_memory argument.
+template <class Run>
+void with_memory(const char* call, const char* name, const kpa_memory& memory, Run&& run) {
+  switch (enum_value(memory)) {
+    case KPA_MEMORY_DEFAULT: run(Tag<Memory>{}); break;
+    case KPA_MEMORY_HOST: run(Tag<Kokkos::HostSpace>{}); break;
+    default: invalid(call, std::string(name) + " = " + std::to_string(enum_value(memory)) + " is not a kpa_memory");
+  }
 }
 
 /// Calls run(Tag<activation type>, Tag<cache element>, kv_cache_dtype) for a (dtype, cache_dtype) pair.
@@ -544,6 +570,65 @@ int kpa_reshape_and_cache(const void* key, const void* value, kpa_dtype dtype, v
       Unmanaged<C****> vc(static_cast<C*>(value_cache), blocks, kv_heads, size, bs);
       Unmanaged<const std::int64_t*> slots(reinterpret_cast<const std::int64_t*>(slot_mapping), tokens);
       kpa::reshape_and_cache(Space(), k, v, kc, vc, slots, kv, k_scale, v_scale);
+    });
+  });
+}
+
+int kpa_copy_blocks(void* const* key_caches, void* const* value_caches, int64_t num_layers, kpa_dtype cache_dtype,
+                    int64_t num_blocks, int64_t block_elems, const int64_t* block_mapping, int64_t num_pairs) {
+  constexpr const char* call = "kpa_copy_blocks";
+  return guarded([&] {
+    const int layers = to_int(call, "num_layers", num_layers);
+    const int blocks = to_int(call, "num_blocks", num_blocks);
+    if (block_elems < 1) invalid(call, "block_elems = " + std::to_string(block_elems) + " is not positive");
+    const int pairs = to_int(call, "num_pairs", num_pairs);
+    const std::int64_t bytes = element_bytes(call, dtype_value(cache_dtype));
+    require(call, "key_caches", key_caches, layers > 0);
+    require(call, "value_caches", value_caches, layers > 0);
+    require(call, "block_mapping", block_mapping, pairs > 0);
+    // A block is copied bit for bit: as unsigned words of the element's size, never as floats.
+    auto copy = [&](auto word) {
+      using W = typename decltype(word)::type;
+      std::vector<Unmanaged<W**>> keys, values;
+      for (int layer = 0; layer < layers; ++layer) {
+        require(call, ("key_caches[" + std::to_string(layer) + "]").c_str(), key_caches[layer], blocks > 0);
+        require(call, ("value_caches[" + std::to_string(layer) + "]").c_str(), value_caches[layer], blocks > 0);
+        keys.emplace_back(static_cast<W*>(key_caches[layer]), blocks, block_elems);
+        values.emplace_back(static_cast<W*>(value_caches[layer]), blocks, block_elems);
+      }
+      kpa::copy_blocks(Space(), keys, values, Unmanaged<const std::int64_t**>(block_mapping, pairs, 2));
+    };
+    switch (bytes) {
+      case 4: copy(Tag<std::uint32_t>{}); break;
+      case 2: copy(Tag<std::uint16_t>{}); break;
+      default: copy(Tag<std::uint8_t>{}); break;
+    }
+  });
+}
+
+int kpa_swap_blocks(const void* src_cache, kpa_memory src_memory, int64_t src_num_blocks, void* dst_cache,
+                    kpa_memory dst_memory, int64_t dst_num_blocks, int64_t block_bytes, const int64_t* block_mapping,
+                    int64_t num_pairs) {
+  constexpr const char* call = "kpa_swap_blocks";
+  return guarded([&] {
+    const int src_blocks = to_int(call, "src_num_blocks", src_num_blocks);
+    const int dst_blocks = to_int(call, "dst_num_blocks", dst_num_blocks);
+    if (block_bytes < 1) invalid(call, "block_bytes = " + std::to_string(block_bytes) + " is not positive");
+    const int pairs = to_int(call, "num_pairs", num_pairs);
+    require(call, "src_cache", src_cache, src_blocks > 0);
+    require(call, "dst_cache", dst_cache, dst_blocks > 0);
+    require(call, "block_mapping", block_mapping, pairs > 0);
+    using Byte = std::uint8_t;
+    with_memory(call, "src_memory", src_memory, [&](auto src_space) {
+      with_memory(call, "dst_memory", dst_memory, [&](auto dst_space) {
+        using Traits = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+        using Src = Kokkos::View<const Byte**, Kokkos::LayoutRight, typename decltype(src_space)::type, Traits>;
+        using Dst = Kokkos::View<Byte**, Kokkos::LayoutRight, typename decltype(dst_space)::type, Traits>;
+        using HostMapping = Kokkos::View<const std::int64_t**, Kokkos::LayoutRight, Kokkos::HostSpace, Traits>;
+        kpa::swap_blocks(Space(), Src(static_cast<const Byte*>(src_cache), src_blocks, block_bytes),
+                         Dst(static_cast<Byte*>(dst_cache), dst_blocks, block_bytes),
+                         HostMapping(block_mapping, pairs, 2));
+      });
     });
   });
 }

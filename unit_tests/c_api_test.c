@@ -256,6 +256,48 @@ int main(void) {
     }
   }
 
+  /* kpa_copy_blocks over two layers and kpa_swap_blocks between two caches: whole blocks copied
+   * bit for bit, every other block untouched, and a mapping outside the caches refused. */
+  {
+    static float layer_keys[2][NUM_BLOCKS][KV_HEADS][HEAD / X][BLOCK][X];
+    static float layer_values[2][NUM_BLOCKS][KV_HEADS][HEAD][BLOCK];
+    for (int l = 0; l < 2; ++l) {
+      memcpy(layer_keys[l], key_cache, sizeof key_cache);
+      memcpy(layer_values[l], value_cache, sizeof value_cache);
+    }
+    void* key_layers[2] = {layer_keys[0], layer_keys[1]};
+    void* value_layers[2] = {layer_values[0], layer_values[1]};
+    const int64_t mapping[2][2] = {{1, 0}, {NUM_BLOCKS - 1, 2}};
+    CHECK(kpa_copy_blocks(key_layers, value_layers, 2, KPA_F32, NUM_BLOCKS, KV_HEADS * HEAD * BLOCK,
+                          &mapping[0][0], 2) == KPA_OK, "kpa_copy_blocks: %s", kpa_last_error());
+    for (int l = 0; l < 2; ++l) {
+      for (int b = 0; b < NUM_BLOCKS; ++b) {
+        const int from = b == 0 ? 1 : b == 2 ? NUM_BLOCKS - 1 : b;
+        CHECK(memcmp(layer_keys[l][b], key_cache[from], sizeof key_cache[0]) == 0 &&
+                  memcmp(layer_values[l][b], value_cache[from], sizeof value_cache[0]) == 0,
+              "copy_blocks layer %d block %d holds block %d", l, b, from);
+      }
+    }
+    const int64_t outside[1][2] = {{0, NUM_BLOCKS}};
+    int status = kpa_copy_blocks(key_layers, value_layers, 2, KPA_F32, NUM_BLOCKS, KV_HEADS * HEAD * BLOCK,
+                                 &outside[0][0], 1);
+    CHECK(status == KPA_ERR_INVALID_ARGUMENT && strstr(kpa_last_error(), "block_mapping[0][1]") != NULL,
+          "copy_blocks destination outside the caches: %d", status);
+
+    static float offloaded[3][KV_HEADS][HEAD][BLOCK];
+    memset(offloaded, 0, sizeof offloaded);
+    const int64_t swap_out[2][2] = {{5, 2}, {0, 0}};
+    CHECK(kpa_swap_blocks(value_cache, KPA_MEMORY_DEFAULT, NUM_BLOCKS, offloaded, KPA_MEMORY_HOST, 3,
+                          sizeof value_cache[0], &swap_out[0][0], 2) == KPA_OK, "kpa_swap_blocks: %s", kpa_last_error());
+    CHECK(memcmp(offloaded[2], value_cache[5], sizeof value_cache[0]) == 0 &&
+              memcmp(offloaded[0], value_cache[0], sizeof value_cache[0]) == 0 && offloaded[1][0][0][0] == 0.0f,
+          "swap_blocks copies blocks 5 -> 2 and 0 -> 0 only");
+    status = kpa_swap_blocks(value_cache, KPA_MEMORY_DEFAULT, NUM_BLOCKS, offloaded, (kpa_memory)7, 3,
+                                     sizeof value_cache[0], &swap_out[0][0], 2);
+    CHECK(status == KPA_ERR_INVALID_ARGUMENT && strstr(kpa_last_error(), "dst_memory") != NULL,
+          "swap_blocks with an unknown kpa_memory: %d", status);
+  }
+
   /* Errors: status codes and messages naming the problem. */
   int status = kpa_paged_attention_v1(out, query, KPA_F32, key_cache, value_cache, KPA_F32, SEQS, HEADS, 3, HEAD,
                                       NUM_BLOCKS, BLOCK, &block_tables[0][0], MAX_BLOCKS, seq_lens, 29, scale, NULL,

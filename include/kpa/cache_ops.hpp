@@ -72,14 +72,17 @@ struct CopyBlocksKernel {
   }
 };
 
-/// The block `block` of a key (rank 5) or value (rank 4) cache, as a contiguous view.
+/// The block `block` of a key (rank 5), value (rank 4) or flat ([blocks][elements], rank 2)
+/// cache, as a contiguous view.
 template <class CacheView>
 auto cache_block(const CacheView& cache, std::int64_t block) {
   if constexpr (CacheView::rank == 5) {
     return Kokkos::subview(cache, block, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);
-  } else {
-    static_assert(CacheView::rank == 4, "caches are rank 5 (keys) or rank 4 (values)");
+  } else if constexpr (CacheView::rank == 4) {
     return Kokkos::subview(cache, block, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL);
+  } else {
+    static_assert(CacheView::rank == 2, "caches are rank 5 (keys), rank 4 (values) or rank 2 (flat blocks)");
+    return Kokkos::subview(cache, block, Kokkos::ALL);
   }
 }
 
@@ -182,7 +185,7 @@ void copy_blocks(const Space& space, const std::vector<KeyCacheView>& key_caches
 
 /// vLLM's swap_blocks: for every pair (src, dst) of the host-side block_mapping ([pairs][2]
 /// int64), block dst of `dst` becomes a copy of block src of `src`. The caches have one layout
-/// (both keys or both values) and element type and may live in different memory spaces (device
+/// (both keys, both values, or both flat [blocks][elements]) and element type and may live in different memory spaces (device
 /// <-> host offload). Copies are enqueued on `space`.
 template <class Space, class SrcCacheView, class DstCacheView, class MappingView>
 void swap_blocks(const Space& space, const SrcCacheView& src, const DstCacheView& dst, const MappingView& block_mapping) {

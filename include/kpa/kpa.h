@@ -10,6 +10,7 @@
  *     exp_sums, max_logits [num_seqs][num_heads][max_num_partitions] float
  *     tmp_out          [num_seqs][num_heads][max_num_partitions][head_size] of dtype
  *     key, value       [num_tokens][num_kv_heads][head_size];  slot_mapping [num_tokens] int64
+ *     block_mapping    [num_pairs][2] int64 (source block, destination block)
  *   kpa_paged_attention_ex with query_start_loc: out and query [num_tokens][num_heads][head_size],
  *   lse [num_tokens][num_heads] float, query_start_loc [num_seqs + 1] int32.
  * - cache_dtype equals dtype for "auto" caches; KPA_FP8_E4M3 / KPA_FP8_E5M2 for one-byte caches.
@@ -39,6 +40,9 @@ typedef enum {
   KPA_ERR_UNSUPPORTED = 2,
   KPA_ERR_RUNTIME = 3
 } kpa_status;
+
+/* Where a cache passed to kpa_swap_blocks lives. */
+typedef enum { KPA_MEMORY_DEFAULT = 0 /* the default execution space's memory */, KPA_MEMORY_HOST = 1 } kpa_memory;
 
 typedef struct {
   int local_blocks, vert_stride, block_size, head_sliding_step;
@@ -128,6 +132,22 @@ int kpa_reshape_and_cache(const void* key, const void* value, kpa_dtype dtype, v
                           kpa_dtype cache_dtype, int64_t num_tokens, int64_t num_kv_heads, int64_t head_size,
                           int64_t num_blocks, int64_t block_size, const int64_t* slot_mapping, float k_scale,
                           float v_scale);
+
+/* vLLM's copy_blocks: for each of the num_layers layers and each pair (src, dst) of block_mapping
+ * (default space's memory), block dst of key_caches[layer] and of value_caches[layer] becomes a
+ * copy of block src. Every cache holds num_blocks blocks of block_elems contiguous elements of
+ * cache_dtype (num_kv_heads * head_size * block_size in the layouts above), copied bit for bit.
+ * Pairs are copied concurrently: a destination must not be another pair's source. */
+int kpa_copy_blocks(void* const* key_caches, void* const* value_caches, int64_t num_layers, kpa_dtype cache_dtype,
+                    int64_t num_blocks, int64_t block_elems, const int64_t* block_mapping, int64_t num_pairs);
+
+/* vLLM's swap_blocks: for each pair (src, dst) of block_mapping (host memory), block dst of
+ * dst_cache becomes a copy of block src of src_cache. A block is block_bytes contiguous bytes (one
+ * block of a key or of a value cache); each cache lives where its kpa_memory says (on a CUDA build,
+ * host <-> device offload). */
+int kpa_swap_blocks(const void* src_cache, kpa_memory src_memory, int64_t src_num_blocks, void* dst_cache,
+                    kpa_memory dst_memory, int64_t dst_num_blocks, int64_t block_bytes, const int64_t* block_mapping,
+                    int64_t num_pairs);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,481 @@
+// torch.ops.kpa.*: vLLM's paged-attention and cache operators, with vLLM's schemas, over kpa's C
+// ABI (libkpa.so). Each operator checks its tensors against the shapes the C ABI will assume (the
+// C ABI sees pointers only), brings queries, keys and tables into the layouts it takes, and turns
+// kpa's status codes into Python exceptions: ValueError for bad arguments, NotImplementedError
+// for what kpa does not support, RuntimeError otherwise.
+//
+// CPU tensors run on the default Kokkos execution space of a host build of kpa (OpenMP). The
+// same checks run for meta tensors (shape propagation under tracing) without touching data.
+
+#include <kpa/kpa.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <climits>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+/// vLLM's PARTITION_SIZE: paged_attention_v2 splits every sequence into partitions of 512 tokens.
+constexpr int64_t kPartitionSize = 512;
+
+void ensure_initialised() {
+  static std::once_flag once;
+  static int status = KPA_OK;
+  static std::string message;
+  std::call_once(once, [] {
+    status = kpa_init();
+    if (status != KPA_OK) message = kpa_last_error();
+  });
+  TORCH_CHECK(status == KPA_OK, "kpa: kpa_init failed: ", message);
+}
+
+/// Raises the exception matching a kpa_status, with kpa's message.
+void check_status(int status) {
+  if (status == KPA_OK) return;
+  const std::string message = kpa_last_error();
+  TORCH_CHECK_VALUE(status != KPA_ERR_INVALID_ARGUMENT, message);
+  TORCH_CHECK_NOT_IMPLEMENTED(status != KPA_ERR_UNSUPPORTED, message);
+  TORCH_CHECK(false, message);
+}
+
+std::string shape_of(const at::Tensor& t) { return c10::str(t.sizes()); }
+
+void expect_shape(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef shape) {
+  TORCH_CHECK_VALUE(t.sizes() == shape, op, ": ", name, " has shape ", shape_of(t), ", expected ", shape);
+}
+
+void expect_dtype(const char* op, const char* name, const at::Tensor& t, at::ScalarType dtype) {
+  TORCH_CHECK_VALUE(t.scalar_type() == dtype, op, ": ", name, " is ", t.scalar_type(), ", expected ", dtype);
+}
+
+void expect_contiguous(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous (strides ", t.strides(), ")");
+}
+
+void expect_same_device(const char* op, const char* name, const at::Tensor& t, const char* first_name,
+                        const at::Tensor& first) {
+  TORCH_CHECK_VALUE(t.device() == first.device(), op, ": ", name, " is on ", t.device(), ", ", first_name, " on ",
+                    first.device());
+}
+
+using Named = std::pair<const char*, const at::Tensor*>;
+
+/// Every tensor of an operator on the device of the first.
+void expect_one_device(const char* op, std::initializer_list<Named> tensors) {
+  const Named& first = *tensors.begin();
+  for (const Named& t : tensors) expect_same_device(op, t.first, *t.second, first.first, *first.second);
+}
+
+kpa_dtype activation_dtype(const char* op, const char* name, const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return KPA_F32;
+    case at::kHalf: return KPA_F16;
+    case at::kBFloat16: return KPA_BF16;
+    default: TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": ", name, " is ", t.scalar_type(), "; kpa takes float32, float16, bfloat16");
+  }
+}
+
+/// kv_cache_dtype as vLLM spells it, against the dtype of the cache tensors.
+kpa_dtype cache_dtype_of(const char* op, const std::string& kv_cache_dtype, const at::Tensor& cache, kpa_dtype dtype,
+                         const at::Tensor& activations) {
+  if (kv_cache_dtype == "auto") {
+    TORCH_CHECK_NOT_IMPLEMENTED(cache.scalar_type() == activations.scalar_type(), op,
+                                ": with kv_cache_dtype \"auto\" the caches hold the activations' dtype ",
+                                activations.scalar_type(), ", not ", cache.scalar_type());
+    return dtype;
+  }
+  const bool e4m3 = kv_cache_dtype == "fp8" || kv_cache_dtype == "fp8_e4m3";
+  TORCH_CHECK_NOT_IMPLEMENTED(e4m3 || kv_cache_dtype == "fp8_e5m2", op, ": kv_cache_dtype \"", kv_cache_dtype,
+                              "\" is not supported (kpa takes \"auto\", \"fp8\", \"fp8_e4m3\", \"fp8_e5m2\")");
+  TORCH_CHECK_VALUE(cache.scalar_type() == at::kByte, op, ": an fp8 cache is a uint8 tensor, not ", cache.scalar_type());
+  return e4m3 ? KPA_FP8_E4M3 : KPA_FP8_E5M2;
+}
+
+int64_t element_bytes(kpa_dtype dtype) { return dtype == KPA_F32 ? 4 : dtype == KPA_F16 || dtype == KPA_BF16 ? 2 : 1; }
+
+/// A 0-d or one-element float scale (vLLM passes k_scale / v_scale as tensors).
+void expect_scale(const char* op, const char* name, const at::Tensor& scale) {
+  TORCH_CHECK_VALUE(scale.numel() == 1 && at::isFloatingType(scale.scalar_type()), op, ": ", name,
+                    " must hold one floating-point value (shape ", shape_of(scale), ", ", scale.scalar_type(), ")");
+}
+
+float scale_value(const at::Tensor& scale) {
+  // item() goes through the dispatcher; a CPU float32 scale is read in place.
+  if (scale.device().is_cpu() && scale.scalar_type() == at::kFloat) return *scale.data_ptr<float>();
+  return scale.item<float>();
+}
+
+void expect_index_type(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, ": ", name,
+                    " must be int32 or int64, not ", t.scalar_type());
+}
+
+/// An int32 or int64 index tensor as a contiguous int32 one (the C ABI's), refusing values that
+/// int32 cannot hold rather than wrapping them.
+at::Tensor as_int32(const char* op, const char* name, const at::Tensor& t) {
+  if (t.scalar_type() == at::kLong && t.numel() > 0) {
+    const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
+    TORCH_CHECK_VALUE(lo >= INT32_MIN && hi <= INT32_MAX, op, ": ", name, " holds ", lo < INT32_MIN ? lo : hi,
+                      ", outside int32");
+  }
+  return t.to(at::kInt).contiguous();
+}
+
+bool on_cpu(const at::Tensor& t) { return t.device().is_cpu(); }
+
+/// The host build of kpa addresses host memory; a GPU build addresses the GPU's.
+void expect_host_kpa(const char* op) {
+  ensure_initialised();
+  static const bool device = std::string(kpa_host_isa()) == "device";
+  TORCH_CHECK_NOT_IMPLEMENTED(!device, op,
+                              ": this libkpa.so was built for a GPU and addresses device memory; CPU tensors need "
+                              "a host build of kpa");
+}
+
+/// Everything paged_attention_v1 and v2 share, checked; `cpu` adds the converted inputs.
+struct Attention {
+  kpa_dtype dtype, cache_dtype;
+  int64_t num_seqs, num_heads, num_kv_heads, head_size, num_blocks, block_size, max_blocks_per_seq, max_seq_len;
+  bool has_alibi;
+  int tp_rank;
+  kpa_block_sparse sparse{};
+  bool is_sparse;
+  // Filled by prepare() for CPU tensors:
+  at::Tensor query, block_tables, seq_lens, alibi;
+  float k_scale = 1.0f, v_scale = 1.0f;
+};
+
+Attention check_attention(const char* op, const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                          const at::Tensor& value_cache, int64_t num_kv_heads, const at::Tensor& block_tables,
+                          const at::Tensor& seq_lens, int64_t block_size, int64_t max_seq_len,
+                          const c10::optional<at::Tensor>& alibi_slopes, const std::string& kv_cache_dtype,
+                          const at::Tensor& k_scale, const at::Tensor& v_scale, int64_t tp_rank,
+                          int64_t blocksparse_local_blocks,
+                          int64_t blocksparse_vert_stride, int64_t blocksparse_block_size,
+                          int64_t blocksparse_head_sliding_step) {
+  Attention a{};
+  TORCH_CHECK_VALUE(query.dim() == 3, op, ": query must be [num_seqs, num_heads, head_size], got ", shape_of(query));
+  a.dtype = activation_dtype(op, "query", query);
+  a.num_seqs = query.size(0);
+  a.num_heads = query.size(1);
+  a.head_size = query.size(2);
+  expect_shape(op, "out", out, query.sizes());
+  expect_dtype(op, "out", out, query.scalar_type());
+  expect_contiguous(op, "out", out);
+  expect_one_device(op, {{"out", &out}, {"query", &query}, {"key_cache", &key_cache}, {"value_cache", &value_cache},
+                         {"block_tables", &block_tables}, {"seq_lens", &seq_lens}, {"k_scale", &k_scale},
+                         {"v_scale", &v_scale}});
+  a.cache_dtype = cache_dtype_of(op, kv_cache_dtype, key_cache, a.dtype, query);
+  expect_dtype(op, "value_cache", value_cache, key_cache.scalar_type());
+  const int64_t x = 16 / element_bytes(a.cache_dtype);
+  TORCH_CHECK_VALUE(key_cache.dim() == 5, op, ": key_cache must be [num_blocks, num_kv_heads, head_size/x, block_size, x], got ",
+                    shape_of(key_cache));
+  a.num_blocks = key_cache.size(0);
+  a.num_kv_heads = num_kv_heads;
+  a.block_size = block_size;
+  TORCH_CHECK_VALUE(a.head_size % x == 0, op, ": head_size ", a.head_size, " is not a multiple of x = ", x);
+  expect_shape(op, "key_cache", key_cache, {a.num_blocks, num_kv_heads, a.head_size / x, block_size, x});
+  expect_shape(op, "value_cache", value_cache, {a.num_blocks, num_kv_heads, a.head_size, block_size});
+  expect_contiguous(op, "key_cache", key_cache);
+  expect_contiguous(op, "value_cache", value_cache);
+  TORCH_CHECK_VALUE(block_tables.dim() == 2 && block_tables.size(0) == a.num_seqs, op,
+                    ": block_tables must be [num_seqs = ", a.num_seqs, ", max_blocks_per_seq], got ", shape_of(block_tables));
+  a.max_blocks_per_seq = block_tables.size(1);
+  expect_index_type(op, "block_tables", block_tables);
+  expect_shape(op, "seq_lens", seq_lens, {a.num_seqs});
+  expect_index_type(op, "seq_lens", seq_lens);
+  a.max_seq_len = max_seq_len;
+  a.has_alibi = alibi_slopes.has_value();
+  if (a.has_alibi) {
+    expect_shape(op, "alibi_slopes", *alibi_slopes, {a.num_heads});
+    expect_dtype(op, "alibi_slopes", *alibi_slopes, at::kFloat);
+    expect_same_device(op, "alibi_slopes", *alibi_slopes, "out", out);
+  }
+  expect_scale(op, "k_scale", k_scale);
+  expect_scale(op, "v_scale", v_scale);
+  TORCH_CHECK_VALUE(tp_rank >= INT_MIN && tp_rank <= INT_MAX, op, ": tp_rank ", tp_rank, " is outside int");
+  a.tp_rank = static_cast<int>(tp_rank);
+  // vLLM's rule: the block-sparse pattern is on when the vertical stride exceeds 1.
+  a.is_sparse = blocksparse_vert_stride > 1;
+  if (a.is_sparse) {
+    for (const int64_t v : {blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
+                            blocksparse_head_sliding_step}) {
+      TORCH_CHECK_VALUE(v >= INT_MIN && v <= INT_MAX, op, ": blocksparse argument ", v, " is outside int");
+    }
+    a.sparse = kpa_block_sparse{static_cast<int>(blocksparse_local_blocks), static_cast<int>(blocksparse_vert_stride),
+                                static_cast<int>(blocksparse_block_size), static_cast<int>(blocksparse_head_sliding_step)};
+  }
+  return a;
+}
+
+/// Reads what the C ABI call needs from CPU tensors: the query made contiguous (a strided view of
+/// a fused qkv tensor is gathered, num_seqs x num_heads x head_size elements), int32 tables, the
+/// scales' values.
+void prepare(const char* op, Attention& a, const at::Tensor& query, const at::Tensor& block_tables,
+             const at::Tensor& seq_lens, const c10::optional<at::Tensor>& alibi_slopes, const at::Tensor& k_scale,
+             const at::Tensor& v_scale) {
+  expect_host_kpa(op);
+  a.query = query.contiguous();
+  a.block_tables = as_int32(op, "block_tables", block_tables);
+  a.seq_lens = as_int32(op, "seq_lens", seq_lens);
+  if (a.has_alibi) a.alibi = alibi_slopes->contiguous();
+  a.k_scale = scale_value(k_scale);
+  a.v_scale = scale_value(v_scale);
+}
+
+/// A tensor's data, or NULL when it has none (the C ABI accepts NULL exactly where nothing is read).
+void* data_or_null(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? t.data_ptr() : nullptr; }
+
+void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                        const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
+                        const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
+                        int64_t max_seq_len, const c10::optional<at::Tensor>& alibi_slopes,
+                        const std::string& kv_cache_dtype, const at::Tensor& k_scale, const at::Tensor& v_scale,
+                        int64_t tp_rank, int64_t blocksparse_local_blocks, int64_t blocksparse_vert_stride,
+                        int64_t blocksparse_block_size, int64_t blocksparse_head_sliding_step) {
+  constexpr const char* op = "kpa.paged_attention_v1";
+  Attention a = check_attention(op, out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens,
+                                block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank,
+                                blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
+                                blocksparse_head_sliding_step);
+  if (!on_cpu(out)) return;  // meta tensors: the checks are the whole operator
+  prepare(op, a, query, block_tables, seq_lens, alibi_slopes, k_scale, v_scale);
+  check_status(kpa_paged_attention_v1(
+      data_or_null(out), data_or_null(a.query), a.dtype, data_or_null(key_cache), data_or_null(value_cache), a.cache_dtype,
+      a.num_seqs, a.num_heads, a.num_kv_heads, a.head_size, a.num_blocks, a.block_size,
+      static_cast<const int32_t*>(data_or_null(a.block_tables)), a.max_blocks_per_seq,
+      static_cast<const int32_t*>(data_or_null(a.seq_lens)), a.max_seq_len, static_cast<float>(scale),
+      a.has_alibi ? a.alibi.data_ptr<float>() : nullptr, a.k_scale, a.v_scale, a.tp_rank,
+      a.is_sparse ? &a.sparse : nullptr));
+}
+
+void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_logits, at::Tensor& tmp_out,
+                        const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                        int64_t num_kv_heads, double scale, const at::Tensor& block_tables,
+                        const at::Tensor& seq_lens, int64_t block_size, int64_t max_seq_len,
+                        const c10::optional<at::Tensor>& alibi_slopes, const std::string& kv_cache_dtype,
+                        const at::Tensor& k_scale, const at::Tensor& v_scale, int64_t tp_rank,
+                        int64_t blocksparse_local_blocks, int64_t blocksparse_vert_stride,
+                        int64_t blocksparse_block_size, int64_t blocksparse_head_sliding_step) {
+  constexpr const char* op = "kpa.paged_attention_v2";
+  Attention a = check_attention(op, out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens,
+                                block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank,
+                                blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
+                                blocksparse_head_sliding_step);
+  TORCH_CHECK_VALUE(exp_sums.dim() == 3, op, ": exp_sums must be [num_seqs, num_heads, max_num_partitions], got ",
+                    shape_of(exp_sums));
+  const int64_t partitions = exp_sums.size(2);
+  expect_shape(op, "exp_sums", exp_sums, {a.num_seqs, a.num_heads, partitions});
+  expect_shape(op, "max_logits", max_logits, {a.num_seqs, a.num_heads, partitions});
+  expect_shape(op, "tmp_out", tmp_out, {a.num_seqs, a.num_heads, partitions, a.head_size});
+  expect_dtype(op, "exp_sums", exp_sums, at::kFloat);
+  expect_dtype(op, "max_logits", max_logits, at::kFloat);
+  expect_dtype(op, "tmp_out", tmp_out, out.scalar_type());
+  for (const Named& t : {Named{"exp_sums", &exp_sums}, Named{"max_logits", &max_logits}, Named{"tmp_out", &tmp_out}}) {
+    expect_contiguous(op, t.first, *t.second);
+  }
+  expect_one_device(op, {{"out", &out}, {"exp_sums", &exp_sums}, {"max_logits", &max_logits}, {"tmp_out", &tmp_out}});
+  if (!on_cpu(out)) return;
+  prepare(op, a, query, block_tables, seq_lens, alibi_slopes, k_scale, v_scale);
+  check_status(kpa_paged_attention_v2(
+      data_or_null(out), static_cast<float*>(data_or_null(exp_sums)), static_cast<float*>(data_or_null(max_logits)),
+      data_or_null(tmp_out), partitions, kPartitionSize, data_or_null(a.query), a.dtype,
+      data_or_null(key_cache), data_or_null(value_cache), a.cache_dtype, a.num_seqs, a.num_heads, a.num_kv_heads,
+      a.head_size, a.num_blocks, a.block_size, static_cast<const int32_t*>(data_or_null(a.block_tables)),
+      a.max_blocks_per_seq, static_cast<const int32_t*>(data_or_null(a.seq_lens)), a.max_seq_len,
+      static_cast<float>(scale), a.has_alibi ? a.alibi.data_ptr<float>() : nullptr, a.k_scale, a.v_scale,
+      a.tp_rank, a.is_sparse ? &a.sparse : nullptr));
+}
+
+void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache, at::Tensor& value_cache,
+                       const at::Tensor& slot_mapping, const std::string& kv_cache_dtype, const at::Tensor& k_scale,
+                       const at::Tensor& v_scale) {
+  constexpr const char* op = "kpa.reshape_and_cache";
+  TORCH_CHECK_VALUE(key.dim() == 3, op, ": key must be [num_tokens, num_kv_heads, head_size], got ", shape_of(key));
+  const kpa_dtype dtype = activation_dtype(op, "key", key);
+  const int64_t tokens = key.size(0), kv_heads = key.size(1), head_size = key.size(2);
+  expect_shape(op, "value", value, key.sizes());
+  expect_dtype(op, "value", value, key.scalar_type());
+  expect_one_device(op, {{"key", &key}, {"value", &value}, {"key_cache", &key_cache}, {"value_cache", &value_cache},
+                         {"slot_mapping", &slot_mapping}, {"k_scale", &k_scale}, {"v_scale", &v_scale}});
+  const kpa_dtype cache_dtype = cache_dtype_of(op, kv_cache_dtype, key_cache, dtype, key);
+  expect_dtype(op, "value_cache", value_cache, key_cache.scalar_type());
+  const int64_t x = 16 / element_bytes(cache_dtype);
+  TORCH_CHECK_VALUE(key_cache.dim() == 5, op, ": key_cache must be [num_blocks, num_kv_heads, head_size/x, block_size, x], got ",
+                    shape_of(key_cache));
+  const int64_t blocks = key_cache.size(0), block_size = key_cache.size(3);
+  TORCH_CHECK_VALUE(head_size % x == 0, op, ": head_size ", head_size, " is not a multiple of x = ", x);
+  expect_shape(op, "key_cache", key_cache, {blocks, kv_heads, head_size / x, block_size, x});
+  expect_shape(op, "value_cache", value_cache, {blocks, kv_heads, head_size, block_size});
+  expect_contiguous(op, "key_cache", key_cache);
+  expect_contiguous(op, "value_cache", value_cache);
+  expect_shape(op, "slot_mapping", slot_mapping, {tokens});
+  expect_index_type(op, "slot_mapping", slot_mapping);
+  expect_scale(op, "k_scale", k_scale);
+  expect_scale(op, "v_scale", v_scale);
+  if (!on_cpu(key)) return;
+  expect_host_kpa(op);
+  // key and value are often views of a fused qkv tensor: the C ABI takes them contiguous.
+  const at::Tensor k = key.contiguous(), v = value.contiguous();
+  const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
+  check_status(kpa_reshape_and_cache(data_or_null(k), data_or_null(v), dtype, data_or_null(key_cache),
+                                     data_or_null(value_cache), cache_dtype, tokens, kv_heads, head_size, blocks,
+                                     block_size, static_cast<const int64_t*>(data_or_null(slots)),
+                                     scale_value(k_scale), scale_value(v_scale)));
+}
+
+/// A cache of copy_blocks / swap_blocks: contiguous, with a block per index of its first dimension.
+void expect_cache(const char* op, const std::string& name, const at::Tensor& cache) {
+  TORCH_CHECK_VALUE(cache.dim() >= 2, op, ": ", name, " must have a block dimension and the block's, got ", shape_of(cache));
+  TORCH_CHECK_VALUE(cache.is_contiguous(), op, ": ", name, " must be contiguous");
+}
+
+/// The kpa_dtype of a cache's elements (copy_blocks copies them bit for bit; fp8 caches are uint8).
+kpa_dtype storage_dtype(const char* op, const std::string& name, const at::Tensor& cache) {
+  switch (cache.scalar_type()) {
+    case at::kFloat: return KPA_F32;
+    case at::kHalf: return KPA_F16;
+    case at::kBFloat16: return KPA_BF16;
+    case at::kByte: return KPA_FP8_E4M3;
+    default: TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": ", name, " is ", cache.scalar_type(),
+                                         "; kpa's caches are float32, float16, bfloat16 or uint8 (fp8)");
+  }
+}
+
+void copy_blocks(const std::vector<at::Tensor>& key_caches, const std::vector<at::Tensor>& value_caches,
+                 const at::Tensor& block_mapping) {
+  constexpr const char* op = "kpa.copy_blocks";
+  TORCH_CHECK_VALUE(key_caches.size() == value_caches.size(), op, ": ", key_caches.size(), " key caches and ",
+                    value_caches.size(), " value caches");
+  TORCH_CHECK_VALUE(block_mapping.dim() == 2 && (block_mapping.size(0) == 0 || block_mapping.size(1) == 2), op,
+                    ": block_mapping must be [num_pairs, 2], got ", shape_of(block_mapping));
+  expect_index_type(op, "block_mapping", block_mapping);
+  if (key_caches.empty()) return;
+  const at::Tensor& first = key_caches[0];
+  expect_cache(op, "key_caches[0]", first);
+  // Every layer's caches have one shape and dtype: the C ABI copies whole blocks of one size.
+  for (size_t l = 0; l < key_caches.size(); ++l) {
+    for (const Named& side : {Named{"key_caches", &key_caches[l]}, Named{"value_caches", &value_caches[l]}}) {
+      const at::Tensor* cache = side.second;
+      const std::string name = std::string(side.first) + "[" + std::to_string(l) + "]";
+      expect_cache(op, name, *cache);
+      expect_same_device(op, name.c_str(), *cache, "key_caches[0]", first);
+      expect_dtype(op, name.c_str(), *cache, first.scalar_type());
+      TORCH_CHECK_VALUE(cache->numel() == first.numel() && cache->size(0) == first.size(0), op, ": ", name,
+                        " has shape ", shape_of(*cache), ", key_caches[0] ", shape_of(first));
+    }
+  }
+  expect_same_device(op, "block_mapping", block_mapping, "key_caches[0]", first);
+  if (!on_cpu(first)) return;
+  expect_host_kpa(op);
+  const int64_t layers = static_cast<int64_t>(key_caches.size());
+  std::vector<void*> keys(layers), values(layers);
+  for (int64_t l = 0; l < layers; ++l) {
+    keys[l] = data_or_null(key_caches[l]);
+    values[l] = data_or_null(value_caches[l]);
+  }
+  const at::Tensor mapping = block_mapping.to(at::kLong).contiguous();
+  const int64_t blocks = first.size(0);
+  check_status(kpa_copy_blocks(keys.data(), values.data(), layers, storage_dtype(op, "key_caches[0]", first), blocks,
+                               blocks > 0 ? std::max<int64_t>(first.numel() / blocks, 1) : 1,
+                               static_cast<const int64_t*>(data_or_null(mapping)), mapping.size(0)));
+}
+
+void swap_blocks(const at::Tensor& src, at::Tensor& dst, const at::Tensor& block_mapping) {
+  constexpr const char* op = "kpa.swap_blocks";
+  expect_cache(op, "src", src);
+  expect_cache(op, "dst", dst);
+  expect_dtype(op, "dst", dst, src.scalar_type());
+  TORCH_CHECK_VALUE(src.sizes().slice(1) == dst.sizes().slice(1), op, ": src ", shape_of(src), " and dst ",
+                    shape_of(dst), " differ beyond the block dimension");
+  TORCH_CHECK_VALUE(block_mapping.dim() == 2 && (block_mapping.size(0) == 0 || block_mapping.size(1) == 2), op,
+                    ": block_mapping must be [num_pairs, 2], got ", shape_of(block_mapping));
+  expect_index_type(op, "block_mapping", block_mapping);
+  TORCH_CHECK_VALUE(on_cpu(block_mapping), op, ": block_mapping lives on the CPU, not ", block_mapping.device());
+  if (!on_cpu(src) || !on_cpu(dst)) {
+    TORCH_CHECK_NOT_IMPLEMENTED(src.is_meta() && dst.is_meta(), op,
+                                ": kpa's torch operators were built for CPU tensors only; src is on ", src.device(),
+                                ", dst on ", dst.device());
+    return;
+  }
+  expect_host_kpa(op);
+  const at::Tensor mapping = block_mapping.to(at::kLong).contiguous();
+  const int64_t block_bytes = src.size(0) > 0 ? src.numel() / src.size(0) * src.element_size() : 0;
+  check_status(kpa_swap_blocks(data_or_null(src), KPA_MEMORY_HOST, src.size(0), data_or_null(dst),
+                               KPA_MEMORY_HOST, dst.size(0), std::max<int64_t>(block_bytes, 1),
+                               static_cast<const int64_t*>(data_or_null(mapping)), mapping.size(0)));
+}
+
+std::string version() { return kpa_version(); }
+
+std::string host_isa() {
+  ensure_initialised();
+  return kpa_host_isa();
+}
+
+}  // namespace
+
+// The schemas are vLLM's (csrc/torch_bindings.cpp): outputs are mutated in place, nothing is returned.
+TORCH_LIBRARY(kpa, m) {
+  m.def(
+      "paged_attention_v1(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, "
+      "float scale, Tensor block_tables, Tensor seq_lens, int block_size, int max_seq_len, Tensor? alibi_slopes, "
+      "str kv_cache_dtype, Tensor k_scale, Tensor v_scale, int tp_rank, int blocksparse_local_blocks, "
+      "int blocksparse_vert_stride, int blocksparse_block_size, int blocksparse_head_sliding_step) -> ()");
+  m.def(
+      "paged_attention_v2(Tensor(a!) out, Tensor(b!) exp_sums, Tensor(c!) max_logits, Tensor(d!) tmp_out, "
+      "Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, float scale, Tensor block_tables, "
+      "Tensor seq_lens, int block_size, int max_seq_len, Tensor? alibi_slopes, str kv_cache_dtype, Tensor k_scale, "
+      "Tensor v_scale, int tp_rank, int blocksparse_local_blocks, int blocksparse_vert_stride, "
+      "int blocksparse_block_size, int blocksparse_head_sliding_step) -> ()");
+  m.def(
+      "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+      "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()");
+  m.def("copy_blocks(Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, Tensor block_mapping) -> ()");
+  m.def("swap_blocks(Tensor src, Tensor(a!) dst, Tensor block_mapping) -> ()");
+  m.def("version() -> str", &version);
+  m.def("host_isa() -> str", &host_isa);
+}
+
+namespace {
+
+constexpr const char* kTensorOperators[] = {"paged_attention_v1", "paged_attention_v2", "reshape_and_cache",
+                                            "copy_blocks", "swap_blocks"};
+
+void register_kernels(torch::Library& m) {
+  m.impl("paged_attention_v1", &paged_attention_v1);
+  m.impl("paged_attention_v2", &paged_attention_v2);
+  m.impl("reshape_and_cache", &reshape_and_cache);
+  m.impl("copy_blocks", &copy_blocks);
+  m.impl("swap_blocks", &swap_blocks);
+}
+
+/// GPU tensors on this CPU-only build: a clear error instead of torch's "no kernel for CUDA".
+void refuse_gpu_tensors(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().name(),
+                              ": kpa's torch operators were built for CPU tensors only (a host build of kpa); "
+                              "GPU tensors are not supported by this build");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(kpa, CPU, m) { register_kernels(m); }
+
+// Meta tensors (tracing, shape propagation): the same checks, no data touched.
+TORCH_LIBRARY_IMPL(kpa, Meta, m) { register_kernels(m); }
+
+// The operators have no gradient. Autograd passes CPU and CUDA tensors through to the kernels on
+// every torch; torch 1.13 has no such default for meta tensors, so it is given here.
+TORCH_LIBRARY_IMPL(kpa, AutogradMeta, m) {
+  for (const char* op : kTensorOperators) m.impl(op, torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(kpa, CUDA, m) {
+  for (const char* op : kTensorOperators) m.impl(op, torch::CppFunction::makeFromBoxedFunction<&refuse_gpu_tensors>());
+}

@@ -1,0 +1,94 @@
+"""Builds kpa's PyTorch operators (kpa/_torch_ops) against the installed torch and a kpa library.
+
+The kpa library comes from KPA_PREFIX (an installed kpa: include/kpa/kpa.h and lib/libkpa.so)
+or, when that is not set, is built with CMake from the source tree around this folder (Kokkos
+from Kokkos_ROOT, or the tree's .deps/install made by scripts/bootstrap-deps.sh). Its libkpa.so
+is copied into the package, which finds it next to itself from any install location.
+
+    pip install --no-build-isolation ./python                 # torch from the environment
+    KPA_PREFIX=/opt/kpa pip install --no-build-isolation ./python
+"""
+
+import glob
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+HERE = Path(__file__).resolve().parent
+SOURCE_TREE = HERE.parent
+
+
+def run(*command):
+    print("+", " ".join(str(c) for c in command), flush=True)
+    subprocess.run([str(c) for c in command], check=True)
+
+
+def built_kpa_prefix():
+    """Configures, builds and installs the library alone from the source tree."""
+    if not (SOURCE_TREE / "CMakeLists.txt").is_file() or not (SOURCE_TREE / "include" / "kpa" / "kpa.h").is_file():
+        raise SystemExit("kpa: set KPA_PREFIX to an installed kpa (no kpa source tree around " + str(HERE) + ")")
+    build, prefix = HERE / "build" / "kpa-cmake", HERE / "build" / "kpa-prefix"
+    kokkos = os.environ.get("Kokkos_ROOT") or os.environ.get("KOKKOS_ROOT")
+    if not kokkos and (SOURCE_TREE / ".deps" / "install").is_dir():
+        kokkos = str(SOURCE_TREE / ".deps" / "install")
+    if not kokkos:
+        raise SystemExit("kpa: no Kokkos found: set Kokkos_ROOT, or run scripts/bootstrap-deps.sh in " + str(SOURCE_TREE))
+    run("cmake", "-S", SOURCE_TREE, "-B", build, "-DCMAKE_BUILD_TYPE=Release", f"-DKokkos_ROOT={kokkos}",
+        "-DKPA_ENABLE_TESTS=OFF", "-DKPA_ENABLE_BENCHMARKS=OFF", "-DKPA_ENABLE_EXAMPLES=OFF")
+    run("cmake", "--build", build, "--target", "kpa", "-j", str(os.cpu_count() or 1))
+    run("cmake", "--install", build, "--prefix", prefix)
+    return prefix
+
+
+def kpa_prefix():
+    prefix = os.environ.get("KPA_PREFIX")
+    if not prefix:
+        return built_kpa_prefix()
+    prefix = Path(prefix).resolve()
+    if not (prefix / "include" / "kpa" / "kpa.h").is_file():
+        raise SystemExit(f"kpa: KPA_PREFIX={prefix} has no include/kpa/kpa.h")
+    return prefix
+
+
+def library_dir(prefix):
+    for libdir in ("lib", "lib64", "lib/x86_64-linux-gnu"):
+        if glob.glob(str(prefix / libdir / "libkpa.so.*")):
+            return prefix / libdir
+    raise SystemExit(f"kpa: no libkpa.so.* under {prefix}")
+
+
+prefix = kpa_prefix()
+libdir = library_dir(prefix)
+
+
+def soname(lib):
+    dynamic = subprocess.run(["objdump", "-p", lib], check=True, capture_output=True, text=True).stdout
+    names = [line.split()[1] for line in dynamic.splitlines() if line.strip().startswith("SONAME")]
+    return names[0] if names else os.path.basename(lib)
+
+
+# The library, under the name the extension loads it by (its soname), next to the package's modules.
+for old in glob.glob(str(HERE / "kpa" / "libkpa.so*")):
+    os.remove(old)
+for lib in glob.glob(str(libdir / "libkpa.so.*")):
+    if not os.path.islink(lib):
+        shutil.copy2(lib, HERE / "kpa" / soname(lib))
+
+setup(
+    ext_modules=[
+        CppExtension(
+            "kpa._torch_ops",
+            ["csrc/torch_ops.cpp"],
+            include_dirs=[str(prefix / "include")],
+            library_dirs=[str(libdir)],
+            libraries=["kpa"],
+            extra_compile_args=["-O2", "-std=c++17", "-Wall"],
+            extra_link_args=["-Wl,-rpath,$ORIGIN"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension},
+)

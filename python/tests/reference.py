@@ -1,0 +1,184 @@
+"""Plain float64 references for kpa's PyTorch operators, written from vLLM's semantics with numpy,
+and the problem builder the tests share: random sequences laid out in vLLM's paged caches."""
+
+import math
+
+import numpy as np
+import torch
+
+# |got - ref| <= atol + rtol |ref| against float64, outputs in [-1, 1]: one rounding of the
+# result to the output dtype plus the kernels' float accumulation.
+TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 0.0), torch.bfloat16: (8e-3, 0.0)}
+PARTITION_SIZE = 512
+
+
+def assert_close(got, expected, dtype, what=""):
+    atol, rtol = TOLERANCE[dtype]
+    got = np.asarray(got, dtype=np.float64)
+    error = np.abs(got - expected) - (atol + rtol * np.abs(expected))
+    worst = np.unravel_index(np.argmax(error), error.shape) if error.size else ()
+    assert error.size == 0 or error.max() <= 0, (
+        f"{what}: |got - ref| exceeds atol {atol} + rtol {rtol} |ref| at {worst}: got {got[worst]}, ref {expected[worst]}")
+
+
+def fp8_decode(codes, kind):
+    """The float value of each fp8 code: OCP E4M3FN (no infinities, 0x7F / 0xFF NaN) or E5M2."""
+    c = np.asarray(codes).astype(np.int64)
+    sign = np.where(c & 0x80, -1.0, 1.0)
+    if kind == "e4m3":
+        exp, man, bias, bits = (c >> 3) & 0xF, c & 0x7, 7, 3
+    else:
+        exp, man, bias, bits = (c >> 2) & 0x1F, c & 0x3, 15, 2
+    value = np.where(exp == 0, sign * 2.0 ** (1 - bias) * (man / 2 ** bits),
+                     sign * 2.0 ** (exp - bias) * (1 + man / 2 ** bits))
+    if kind == "e4m3":
+        value = np.where((c & 0x7F) == 0x7F, np.nan, value)
+    else:
+        value = np.where(exp == 31, np.where(man == 0, sign * np.inf, np.nan), value)
+    return value
+
+
+def fp8_kind(kv_cache_dtype):
+    return {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}[kv_cache_dtype]
+
+
+def nearest_fp8_distance(targets, kind):
+    """Distance from each target to the nearest finite fp8 value (round-to-nearest with saturation)."""
+    table = fp8_decode(np.arange(256), kind)
+    table = table[np.isfinite(table)]
+    t = np.asarray(targets, dtype=np.float64).reshape(-1, 1)
+    return np.abs(t - table.reshape(1, -1)).min(axis=1).reshape(np.shape(targets))
+
+
+def x_of(cache_dtype):
+    return 16 // torch.empty((), dtype=cache_dtype).element_size()
+
+
+class Problem:
+    """Sequences of given lengths with random keys, values and queries in [-1, 1), in vLLM's caches.
+
+    Blocks are assigned in a random order with spare blocks in between; every cache slot no
+    sequence owns holds NaN, so reading one shows. "auto" caches are written here directly;
+    fp8 caches through kpa.vllm_ops.reshape_and_cache (whose codes test_cache_ops checks), and the
+    reference then reads the dequantised cache."""
+
+    def __init__(self, seq_lens, num_heads=4, num_kv_heads=2, head_size=64, block_size=16, dtype=torch.float16,
+                 kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0, seed=0, alibi=False, spare_blocks=3):
+        from kpa import vllm_ops
+
+        rng = np.random.default_rng(seed)
+        self.seq_lens = list(seq_lens)
+        self.num_heads, self.num_kv_heads, self.head_size, self.block_size = num_heads, num_kv_heads, head_size, block_size
+        self.dtype, self.kv_cache_dtype, self.k_scale, self.v_scale = dtype, kv_cache_dtype, k_scale, v_scale
+        self.scale = 1.0 / math.sqrt(head_size)
+        seqs = len(self.seq_lens)
+        blocks_of = [max(1, -(-n // block_size)) for n in self.seq_lens]
+        self.max_blocks = max(blocks_of) if blocks_of else 1
+        self.num_blocks = sum(blocks_of) + spare_blocks
+        order = rng.permutation(self.num_blocks)
+        tables = np.zeros((seqs, self.max_blocks), dtype=np.int32)
+        used = 0
+        for s, n in enumerate(blocks_of):
+            tables[s, :n] = order[used:used + n]
+            used += n
+        self.block_tables = torch.from_numpy(tables)
+        self.seq_lens_tensor = torch.tensor(self.seq_lens, dtype=torch.int32)
+
+        def uniform(*shape):
+            return torch.from_numpy(rng.uniform(-1, 1, shape).astype(np.float32)).to(dtype)
+
+        self.query = uniform(seqs, num_heads, head_size)
+        self.keys = [uniform(n, num_kv_heads, head_size) for n in self.seq_lens]
+        self.values = [uniform(n, num_kv_heads, head_size) for n in self.seq_lens]
+        self.alibi_slopes = torch.from_numpy(rng.uniform(-0.5, 0.1, num_heads).astype(np.float32)) if alibi else None
+        slots = [int(tables[s, t // block_size]) * block_size + t % block_size
+                 for s, n in enumerate(self.seq_lens) for t in range(n)]
+        self.slot_mapping = torch.tensor(slots, dtype=torch.int64)
+
+        fp8 = kv_cache_dtype != "auto"
+        cache_dtype = torch.uint8 if fp8 else dtype
+        x = x_of(cache_dtype)
+        nan = 0x7F if fp8 else float("nan")
+        self.key_cache = torch.full((self.num_blocks, num_kv_heads, head_size // x, block_size, x), nan, dtype=cache_dtype)
+        self.value_cache = torch.full((self.num_blocks, num_kv_heads, head_size, block_size), nan, dtype=cache_dtype)
+        all_keys = torch.cat(self.keys) if seqs else torch.empty(0, num_kv_heads, head_size, dtype=dtype)
+        all_values = torch.cat(self.values) if seqs else torch.empty(0, num_kv_heads, head_size, dtype=dtype)
+        if fp8:
+            vllm_ops.reshape_and_cache(all_keys, all_values, self.key_cache, self.value_cache, self.slot_mapping,
+                                       kv_cache_dtype, k_scale, v_scale)
+        else:
+            write_auto_cache(self.key_cache, self.value_cache, all_keys, all_values, self.slot_mapping)
+
+    # The keys and values the reference attends, as the cache holds them (dequantised for fp8).
+    def cached(self, s):
+        n = self.seq_lens[s]
+        blocks = self.block_tables[s, np.arange(n) // self.block_size].numpy()
+        offsets = np.arange(n) % self.block_size
+        kc = self.key_cache.float().numpy() if self.kv_cache_dtype == "auto" else None
+        if self.kv_cache_dtype == "auto":
+            vc = self.value_cache.float().numpy()
+            k = kc[blocks, :, :, offsets, :].reshape(n, self.num_kv_heads, self.head_size)
+            v = vc[blocks, :, :, offsets]
+            return k.astype(np.float64), v.astype(np.float64)
+        kind = fp8_kind(self.kv_cache_dtype)
+        k = fp8_decode(self.key_cache.numpy()[blocks, :, :, offsets, :], kind).reshape(n, self.num_kv_heads, self.head_size)
+        v = fp8_decode(self.value_cache.numpy()[blocks, :, :, offsets], kind)
+        return k * float(self.k_scale), v * float(self.v_scale)
+
+    def reference(self, sparse=None, tp_rank=0):
+        """out [seqs, heads, head_size] and, per partition of PARTITION_SIZE tokens, the max logit,
+        the sum of exponentials and the normalised partial output (v2's intermediates)."""
+        seqs = len(self.seq_lens)
+        out = np.zeros((seqs, self.num_heads, self.head_size))
+        parts = []
+        group = self.num_heads // self.num_kv_heads
+        q = self.query.double().numpy()
+        for s, n in enumerate(self.seq_lens):
+            k, v = self.cached(s)
+            per_head = []
+            for h in range(self.num_heads):
+                g = h // group
+                logits = self.scale * (k[:, g, :] @ q[s, h])
+                if self.alibi_slopes is not None:
+                    logits = logits + float(self.alibi_slopes[h]) * (np.arange(n) - (n - 1))
+                mask = attended(n, h, g, self.block_size, self.num_heads, self.num_kv_heads, sparse, tp_rank)
+                logits = np.where(mask, logits, -np.inf)
+                if n > 0 and mask.any():
+                    p = np.exp(logits - logits.max())
+                    out[s, h] = p @ v[:, g, :] / p.sum()
+                partitions = []
+                for lo in range(0, n, PARTITION_SIZE):
+                    part = logits[lo:lo + PARTITION_SIZE]
+                    m = part.max()
+                    if np.isfinite(m):
+                        e = np.exp(part - m)
+                        partitions.append((m, e.sum(), e @ v[lo:lo + PARTITION_SIZE, g, :] / e.sum()))
+                    else:
+                        partitions.append((m, 0.0, None))
+                per_head.append(partitions)
+            parts.append(per_head)
+        return out, parts
+
+
+def attended(n, head, kv_head, block_size, num_heads, num_kv_heads, sparse, tp_rank):
+    """vLLM's block-sparse rule for the decode query at position n - 1 (all tokens when dense)."""
+    tokens = np.arange(n)
+    if sparse is None or sparse["vert_stride"] <= 1:
+        return np.ones(n, dtype=bool)
+    query_block = (n - 1) // sparse["block_size"]
+    key_block = (tokens // block_size) * block_size // sparse["block_size"]
+    step = sparse["head_sliding_step"]
+    offset = (tp_rank * num_heads + head) * step + 1 if step >= 0 else (tp_rank * num_kv_heads + kv_head) * (-step) + 1
+    return ((key_block + offset) % sparse["vert_stride"] == 0) | (key_block > query_block - sparse["local_blocks"])
+
+
+def write_auto_cache(key_cache, value_cache, keys, values, slot_mapping):
+    """vLLM's layout, written plainly: key_cache[b, g, d // x, o, d % x], value_cache[b, g, d, o]."""
+    x = key_cache.shape[4]
+    block_size = key_cache.shape[3]
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        b, o = slot // block_size, slot % block_size
+        key_cache[b, :, :, o, :] = keys[t].reshape(keys.shape[1], keys.shape[2] // x, x)
+        value_cache[b, :, :, o] = values[t]

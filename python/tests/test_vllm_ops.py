@@ -1,0 +1,476 @@
+"""kpa's PyTorch operators against float64 references: kpa.vllm_ops (vLLM's signatures) and
+torch.ops.kpa (vLLM's schemas), on CPU tensors."""
+
+import inspect
+import math
+import threading
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import kpa
+from kpa import vllm_ops
+
+from reference import (PARTITION_SIZE, Problem, assert_close, fp8_decode, fp8_kind, nearest_fp8_distance, x_of,
+                       write_auto_cache)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+HEAD_SIZES = [32, 64, 80, 96, 112, 120, 128, 192, 256]
+BLOCK_SIZES = [8, 16, 32]
+
+
+def partitions_for(max_seq_len):
+    return max(1, -(-max_seq_len // PARTITION_SIZE))
+
+
+def run(version, p, out=None, query=None, block_tables=None, seq_lens=None, max_seq_len=None, partitions=None, **kw):
+    """Calls kpa.vllm_ops.paged_attention_v1 / v2 on a Problem; returns out (and v2's intermediates)."""
+    query = p.query if query is None else query
+    out = torch.full(tuple(query.shape), float("nan"), dtype=p.dtype) if out is None else out
+    block_tables = p.block_tables if block_tables is None else block_tables
+    seq_lens = p.seq_lens_tensor if seq_lens is None else seq_lens
+    max_seq_len = max(p.seq_lens, default=0) if max_seq_len is None else max_seq_len
+    args = dict(num_kv_heads=p.num_kv_heads, scale=p.scale, block_tables=block_tables, seq_lens=seq_lens,
+                block_size=p.block_size, max_seq_len=max_seq_len, alibi_slopes=p.alibi_slopes,
+                kv_cache_dtype=p.kv_cache_dtype, k_scale=p.k_scale, v_scale=p.v_scale)
+    args.update(kw)
+    if version == "v1":
+        vllm_ops.paged_attention_v1(out, query, p.key_cache, p.value_cache, **args)
+        return out, None
+    parts = partitions_for(max_seq_len) if partitions is None else partitions
+    seqs, heads = query.shape[0], query.shape[1]
+    exp_sums = torch.full((seqs, heads, parts), -7.0)
+    max_logits = torch.full((seqs, heads, parts), -7.0)
+    tmp_out = torch.full((seqs, heads, parts, p.head_size), -7.0, dtype=p.dtype)
+    vllm_ops.paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, p.key_cache, p.value_cache, **args)
+    return out, (exp_sums, max_logits, tmp_out)
+
+
+# --- attention ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+def test_head_block_dtype_grid(head_size, block_size, dtype, version):
+    p = Problem([1, 0, block_size + 1, 77], num_heads=4, num_kv_heads=2, head_size=head_size, block_size=block_size,
+                dtype=dtype, seed=head_size * 100 + block_size)
+    out, _ = run(version, p)
+    expected, _ = p.reference()
+    assert_close(out.float(), expected, dtype, f"{version} d{head_size} b{block_size} {dtype}")
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_gqa_groups_and_long_sequences(group, version):
+    p = Problem([1300, 513, 2], num_heads=2 * group, num_kv_heads=2, head_size=128, block_size=16, seed=group)
+    out, _ = run(version, p)
+    assert_close(out.float(), p.reference()[0], p.dtype, f"{version} group {group}")
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fp8_caches(dtype, kv_cache_dtype, version):
+    # k_scale as a float, v_scale as a 0-d tensor: vLLM has passed both over its versions.
+    p = Problem([5, 600, 33], num_heads=8, num_kv_heads=2, head_size=128, block_size=16, dtype=dtype,
+                kv_cache_dtype=kv_cache_dtype, k_scale=0.05, v_scale=torch.tensor(0.03), seed=3)
+    out, _ = run(version, p)
+    assert_close(out.float(), p.reference()[0], dtype, f"{version} {kv_cache_dtype}")
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_alibi(version):
+    p = Problem([1, 40, 700], num_heads=8, num_kv_heads=8, head_size=64, block_size=16, alibi=True, seed=5)
+    out, _ = run(version, p)
+    assert_close(out.float(), p.reference()[0], p.dtype, f"{version} alibi")
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("step,tp_rank", [(1, 0), (2, 1), (-1, 0), (-2, 1)])
+def test_block_sparse(step, tp_rank, version):
+    sparse = dict(local_blocks=2, vert_stride=3, block_size=32, head_sliding_step=step)
+    p = Problem([1, 100, 1000], num_heads=8, num_kv_heads=2, head_size=64, block_size=16, seed=11)
+    out, _ = run(version, p, tp_rank=tp_rank, blocksparse_local_blocks=2, blocksparse_vert_stride=3,
+                 blocksparse_block_size=32, blocksparse_head_sliding_step=step)
+    assert_close(out.float(), p.reference(sparse, tp_rank)[0], p.dtype, f"{version} sparse step {step} rank {tp_rank}")
+    dense, _ = run(version, p)
+    assert not torch.equal(out, dense), "the sparse pattern changes the result"
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_query_as_strided_view_of_fused_qkv(version):
+    p = Problem([3, 50, 200], num_heads=8, num_kv_heads=2, head_size=64, block_size=16, seed=13)
+    seqs, heads, kv_heads, d = 3, 8, 2, 64
+    qkv = torch.randn(seqs, (heads + 2 * kv_heads) * d).to(p.dtype)
+    qkv[:, :heads * d] = p.query.reshape(seqs, heads * d)
+    query = qkv[:, :heads * d].view(seqs, heads, d)
+    assert not query.is_contiguous()
+    out, _ = run(version, p, query=query)
+    contiguous, _ = run(version, p)
+    assert torch.equal(out, contiguous)
+    assert_close(out.float(), p.reference()[0], p.dtype, f"{version} strided query")
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_int64_tables_and_lengths(version):
+    p = Problem([7, 0, 300], seed=17)
+    expected, _ = run(version, p)
+    out, _ = run(version, p, block_tables=p.block_tables.long(), seq_lens=p.seq_lens_tensor.long())
+    assert torch.equal(out, expected)
+    wide = p.block_tables.long()
+    wide[2, 0] = 2 ** 33
+    with pytest.raises(ValueError, match="block_tables holds 8589934592, outside int32"):
+        run(version, p, block_tables=wide)
+
+
+def test_v2_intermediates_per_partition():
+    p = Problem([1100, 5, 512, 513], num_heads=4, num_kv_heads=1, head_size=64, block_size=16, dtype=torch.float32,
+                seed=19)
+    parts = partitions_for(1100) + 1  # one more than needed: it is left untouched
+    out, (exp_sums, max_logits, tmp_out) = run("v2", p, partitions=parts)
+    expected, partitions = p.reference()
+    assert_close(out, expected, torch.float32, "v2 out")
+    for s, n in enumerate(p.seq_lens):
+        for h in range(p.num_heads):
+            used = partitions_for(n)
+            for k in range(parts):
+                if k < used:
+                    m, e, partial = partitions[s][h][k]
+                    assert abs(max_logits[s, h, k].item() - m) <= 1e-5 + 8 * 1.2e-7 * abs(m), (s, h, k)
+                    assert abs(exp_sums[s, h, k].item() - e) <= 1e-5 * max(1.0, e), (s, h, k)
+                    assert_close(tmp_out[s, h, k], partial, torch.float32, f"tmp_out[{s}, {h}, {k}]")
+                else:
+                    assert max_logits[s, h, k].item() == -7.0 and exp_sums[s, h, k].item() == -7.0, (s, h, k)
+                    assert torch.all(tmp_out[s, h, k] == -7.0), (s, h, k)
+
+
+def test_empty_batch_and_empty_sequences():
+    p = Problem([0, 0], seed=23)
+    out, _ = run("v1", p)
+    assert torch.all(out == 0)
+    empty = Problem([], seed=23)
+    out, _ = run("v2", empty)
+    assert out.shape == (0, 4, 64)
+
+
+# --- cache operators -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_reshape_and_cache_auto_layout_and_padding(dtype):
+    tokens, kv_heads, d, block, blocks = 21, 2, 64, 8, 6
+    x = x_of(dtype)
+    # key and value as views of a fused qkv tensor, as vLLM passes them.
+    qkv = torch.randn(tokens, (4 + 2 * kv_heads) * d).to(dtype)
+    key = qkv[:, 4 * d:(4 + kv_heads) * d].view(tokens, kv_heads, d)
+    value = qkv[:, (4 + kv_heads) * d:].view(tokens, kv_heads, d)
+    slots = torch.randperm(blocks * block)[:tokens]
+    slots[3] = -1  # padding: skipped
+    key_cache = torch.full((blocks, kv_heads, d // x, block, x), float("nan"), dtype=dtype)
+    value_cache = torch.full((blocks, kv_heads, d, block), float("nan"), dtype=dtype)
+    vllm_ops.reshape_and_cache(key, value, key_cache, value_cache, slots.int(), "auto", 1.0, 1.0)
+    expected_k = torch.full_like(key_cache, float("nan"))
+    expected_v = torch.full_like(value_cache, float("nan"))
+    write_auto_cache(expected_k, expected_v, key.contiguous(), value.contiguous(), slots)
+    assert torch.equal(key_cache.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                       expected_k.view(torch.int16 if dtype != torch.float32 else torch.int32))
+    assert torch.equal(value_cache.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                       expected_v.view(torch.int16 if dtype != torch.float32 else torch.int32))
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+def test_reshape_and_cache_fp8_rounds_to_nearest(kv_cache_dtype):
+    tokens, kv_heads, d, block, blocks = 9, 2, 32, 16, 2
+    key = (torch.randn(tokens, kv_heads, d) * 300).to(torch.bfloat16)  # beyond E4M3's 448: saturates
+    value = (torch.randn(tokens, kv_heads, d) / 50).to(torch.bfloat16)  # subnormals
+    key_cache = torch.zeros((blocks, kv_heads, d // 16, block, 16), dtype=torch.uint8)
+    value_cache = torch.zeros((blocks, kv_heads, d, block), dtype=torch.uint8)
+    slots = torch.arange(tokens) * 3
+    vllm_ops.reshape_and_cache(key, value, key_cache, value_cache, slots, kv_cache_dtype, torch.tensor(2.0), 0.5)
+    kind = fp8_kind(kv_cache_dtype)
+    b, o = (slots // block).numpy(), (slots % block).numpy()
+    k_codes = key_cache.numpy()[b, :, :, o, :].reshape(tokens, kv_heads, d)
+    v_codes = value_cache.numpy()[b, :, :, o]
+    for codes, source, scale in ((k_codes, key, 2.0), (v_codes, value, 0.5)):
+        target = source.double().numpy() / scale
+        distance = np.abs(fp8_decode(codes, kind) - target)
+        assert np.array_equal(distance, nearest_fp8_distance(target, kind))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.uint8, torch.float32])
+def test_copy_blocks_every_layer(dtype):
+    layers, blocks = 3, 10
+    if dtype == torch.uint8:
+        key_caches = [torch.randint(0, 256, (blocks, 2, 4, 16, 16), dtype=dtype) for _ in range(layers)]
+        value_caches = [torch.randint(0, 256, (blocks, 2, 64, 16), dtype=dtype) for _ in range(layers)]
+    else:
+        key_caches = [torch.randn(blocks, 2, 64 // x_of(dtype), 16, x_of(dtype)).to(dtype) for _ in range(layers)]
+        value_caches = [torch.randn(blocks, 2, 64, 16).to(dtype) for _ in range(layers)]
+    before = [(k.clone(), v.clone()) for k, v in zip(key_caches, value_caches)]
+    mapping = torch.tensor([[1, 4], [7, 0], [1, 9]], dtype=torch.int64)
+    vllm_ops.copy_blocks(key_caches, value_caches, mapping)
+    for (k0, v0), k, v in zip(before, key_caches, value_caches):
+        for b in range(blocks):
+            source = {4: 1, 0: 7, 9: 1}.get(b, b)
+            assert torch.equal(k[b], k0[source]) and torch.equal(v[b], v0[source]), b
+    with pytest.raises(ValueError, match=r"block_mapping\[1\]\[0\] = 10 is outside"):
+        vllm_ops.copy_blocks(key_caches, value_caches, torch.tensor([[0, 1], [10, 2]]))
+
+
+def test_swap_blocks_between_caches():
+    src = torch.randn(6, 2, 64, 16).half()
+    dst = torch.zeros(3, 2, 64, 16).half()
+    vllm_ops.swap_blocks(src, dst, torch.tensor([[5, 0], [2, 2]]))
+    assert torch.equal(dst[0], src[5]) and torch.equal(dst[2], src[2]) and torch.all(dst[1] == 0)
+    with pytest.raises(ValueError, match=r"block_mapping\[0\]\[1\] = 3 is outside"):
+        vllm_ops.swap_blocks(src, dst, torch.tensor([[0, 3]]))
+    with pytest.raises(ValueError, match="differ beyond the block dimension"):
+        vllm_ops.swap_blocks(src, torch.zeros(3, 2, 32, 16).half(), torch.tensor([[0, 0]]))
+
+
+# --- one decode step as vLLM's paged-attention backend makes it -------------------------------------
+
+def vllm_uses_v1(max_seq_len, num_seqs, num_heads):
+    """vLLM's choice between the two kernels (PagedAttention.forward_decode)."""
+    max_num_partitions = partitions_for(max_seq_len)
+    return max_seq_len <= 8192 and (max_num_partitions == 1 or num_seqs * num_heads > 512)
+
+
+@pytest.mark.parametrize("prompt_lens,kv_cache_dtype", [([5, 31, 200], "auto"), ([700, 1500], "auto"),
+                                                         ([64, 900], "fp8")])
+def test_decode_step_as_vllm_backend_drives_it(prompt_lens, kv_cache_dtype):
+    """Prefill writes the prompts' keys and values; the decode step writes each sequence's new
+    token into its slot, then attends over everything cached, with v1 or v2 as vLLM picks."""
+    heads, kv_heads, d, block, dtype = 8, 2, 64, 16, torch.float16
+    seqs = len(prompt_lens)
+    rng = torch.Generator().manual_seed(29)
+    total = [n + 1 for n in prompt_lens]
+    blocks_per_seq = max(-(-n // block) for n in total)
+    num_blocks = seqs * blocks_per_seq + 2
+    block_tables = torch.randperm(num_blocks, generator=rng)[:seqs * blocks_per_seq].view(seqs, blocks_per_seq)
+    x = x_of(torch.uint8 if kv_cache_dtype != "auto" else dtype)
+    cache_dtype = torch.uint8 if kv_cache_dtype != "auto" else dtype
+    key_cache = torch.zeros(num_blocks, kv_heads, d // x, block, x, dtype=cache_dtype)
+    value_cache = torch.zeros(num_blocks, kv_heads, d, block, dtype=cache_dtype)
+    keys = [(torch.rand(n, kv_heads, d, generator=rng) * 2 - 1).to(dtype) for n in total]
+    values = [(torch.rand(n, kv_heads, d, generator=rng) * 2 - 1).to(dtype) for n in total]
+    k_scale, v_scale = (0.01, 0.01) if kv_cache_dtype != "auto" else (1.0, 1.0)
+
+    def slots(s, positions):
+        return block_tables[s, positions // block].long() * block + positions % block
+
+    # Prefill: every prompt token, one call for the batch.
+    prompt_slots = torch.cat([slots(s, torch.arange(n)) for s, n in enumerate(prompt_lens)])
+    vllm_ops.reshape_and_cache(torch.cat([k[:-1] for k in keys]), torch.cat([v[:-1] for v in values]), key_cache,
+                               value_cache, prompt_slots, kv_cache_dtype, k_scale, v_scale)
+    # Decode: the new tokens, then attention for their queries.
+    new_slots = torch.stack([slots(s, torch.tensor(n)) for s, n in enumerate(prompt_lens)])
+    vllm_ops.reshape_and_cache(torch.stack([k[-1] for k in keys]), torch.stack([v[-1] for v in values]), key_cache,
+                               value_cache, new_slots, kv_cache_dtype, k_scale, v_scale)
+    query = (torch.rand(seqs, heads, d, generator=rng) * 2 - 1).to(dtype)
+    seq_lens = torch.tensor(total, dtype=torch.int32)
+    max_seq_len = max(total)
+    out = torch.empty_like(query)
+    scale = 1 / math.sqrt(d)
+    if vllm_uses_v1(max_seq_len, seqs, heads):
+        vllm_ops.paged_attention_v1(out, query, key_cache, value_cache, kv_heads, scale, block_tables, seq_lens, block,
+                                    max_seq_len, None, kv_cache_dtype, k_scale, v_scale)
+    else:
+        parts = partitions_for(max_seq_len)
+        exp_sums = torch.empty(seqs, heads, parts)
+        max_logits = torch.empty(seqs, heads, parts)
+        tmp_out = torch.empty(seqs, heads, parts, d, dtype=dtype)
+        vllm_ops.paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, kv_heads, scale,
+                                    block_tables, seq_lens, block, max_seq_len, None, kv_cache_dtype, k_scale, v_scale)
+    expected = np.zeros((seqs, heads, d))
+    for s in range(seqs):
+        k, v = keys[s].double().numpy(), values[s].double().numpy()
+        for h in range(heads):
+            logits = scale * k[:, h // (heads // kv_heads)] @ query[s, h].double().numpy()
+            e = np.exp(logits - logits.max())
+            expected[s, h] = e @ v[:, h // (heads // kv_heads)] / e.sum()
+    if kv_cache_dtype == "auto":
+        assert_close(out.float(), expected, dtype, "decode step")
+    else:  # against the unquantised values: fp8's own error (vLLM's fp8 tests allow 1e-2 and more)
+        assert np.abs(out.double().numpy() - expected).max() < 2e-2
+
+
+# --- torch integration ---------------------------------------------------------------------------
+
+def test_operators_registered_with_vllm_schemas():
+    schema = str(torch.ops.kpa.paged_attention_v2.default._schema)
+    assert schema.startswith("kpa::paged_attention_v2(Tensor(a!) out, Tensor(b!) exp_sums, Tensor(c!) max_logits, "
+                             "Tensor(d!) tmp_out, Tensor query")
+    assert "Tensor(a!)[] key_caches" in str(torch.ops.kpa.copy_blocks.default._schema)
+    for name in ("paged_attention_v1", "reshape_and_cache", "swap_blocks"):
+        assert str(getattr(torch.ops.kpa, name).default._schema).endswith("-> ()")
+    assert kpa.__version__ == "0.1.0"
+    assert kpa.host_isa() in ("avx512", "avx2", "portable")
+
+
+def test_python_signatures_are_vllms():
+    attention = ["query", "key_cache", "value_cache", "num_kv_heads", "scale", "block_tables", "seq_lens",
+                 "block_size", "max_seq_len", "alibi_slopes", "kv_cache_dtype", "k_scale", "v_scale", "tp_rank",
+                 "blocksparse_local_blocks", "blocksparse_vert_stride", "blocksparse_block_size",
+                 "blocksparse_head_sliding_step"]
+    expected = {
+        "paged_attention_v1": ["out"] + attention,
+        "paged_attention_v2": ["out", "exp_sum", "max_logits", "tmp_out"] + attention,
+        "reshape_and_cache": ["key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype", "k_scale",
+                              "v_scale"],
+        "copy_blocks": ["key_caches", "value_caches", "block_mapping"],
+        "swap_blocks": ["src", "dst", "block_mapping"],
+    }
+    for name, params in expected.items():
+        assert list(inspect.signature(getattr(vllm_ops, name)).parameters) == params, name
+    defaults = {k: v.default for k, v in inspect.signature(vllm_ops.paged_attention_v2).parameters.items()
+                if v.default is not inspect.Parameter.empty}
+    assert defaults == {"tp_rank": 0, "blocksparse_local_blocks": 0, "blocksparse_vert_stride": 0,
+                        "blocksparse_block_size": 64, "blocksparse_head_sliding_step": 0}
+
+
+def test_patch_replaces_vllms_ops():
+    custom_ops = types.SimpleNamespace(paged_attention_v2=None, unrelated=1)
+    vllm_ops.patch(custom_ops)
+    assert custom_ops.paged_attention_v2 is vllm_ops.paged_attention_v2
+    assert custom_ops.swap_blocks is vllm_ops.swap_blocks and custom_ops.unrelated == 1
+
+
+def test_torch_jit_script_calls_the_operator():
+    p = Problem([3, 90], seed=31)
+
+    @torch.jit.script
+    def decode(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+               block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, max_seq_len: int):
+        one = torch.ones((), dtype=torch.float32)
+        torch.ops.kpa.paged_attention_v1(out, query, key_cache, value_cache, 2, scale, block_tables, seq_lens, 16,
+                                         max_seq_len, None, "auto", one, one, 0, 0, 0, 64, 0)
+        return out
+
+    out = decode(torch.empty_like(p.query), p.query, p.key_cache, p.value_cache, p.block_tables, p.seq_lens_tensor,
+                 p.scale, 90)
+    eager, _ = run("v1", p)
+    assert torch.equal(out, eager)
+
+
+def test_meta_tensors_check_shapes_without_data():
+    p = Problem([3, 90], seed=37)
+    meta = {name: getattr(p, name).to("meta") for name in ("query", "key_cache", "value_cache", "block_tables",
+                                                             "seq_lens_tensor")}
+    one = torch.ones((), device="meta")
+    out = torch.empty_like(meta["query"])
+    torch.ops.kpa.paged_attention_v1(out, meta["query"], meta["key_cache"], meta["value_cache"], 2, p.scale,
+                                     meta["block_tables"], meta["seq_lens_tensor"], 16, 90, None, "auto", one, one,
+                                     0, 0, 0, 64, 0)
+    with pytest.raises(ValueError, match="out has shape"):
+        torch.ops.kpa.paged_attention_v1(out[:1], meta["query"], meta["key_cache"], meta["value_cache"], 2, p.scale,
+                                         meta["block_tables"], meta["seq_lens_tensor"], 16, 90, None, "auto", one,
+                                         one, 0, 0, 0, 64, 0)
+
+
+def test_calls_from_several_threads():
+    """Six Python threads at once, none of them the one that initialised kpa; every result bitwise
+    equal to the same call made alone (the kernels are deterministic)."""
+    p = Problem([40, 333, 2], num_heads=8, num_kv_heads=2, seed=41)
+    expected = {version: run(version, p)[0] for version in ("v1", "v2")}
+    assert_close(expected["v2"].float(), p.reference()[0], p.dtype, "v2")
+    failures = []
+
+    def caller(version):
+        for _ in range(10):
+            if not torch.equal(run(version, p)[0], expected[version]):
+                failures.append(version)
+
+    threads = [threading.Thread(target=caller, args=("v1" if i % 2 else "v2",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_tensors_on_a_cpu_build_are_refused():
+    p = Problem([3], seed=43)
+    with pytest.raises(NotImplementedError, match="built for CPU tensors only"):
+        run("v1", p, out=torch.empty(p.query.shape, dtype=p.dtype, device="cuda"), query=p.query.cuda())
+
+
+# --- errors: kpa's message in ValueError / NotImplementedError, never a crash ------------------------------
+
+ERRORS = [
+    ("out of another shape", dict(out=torch.empty(2, 4, 64, dtype=torch.float16)), ValueError, "out has shape"),
+    ("out of another dtype", dict(out=torch.empty(3, 4, 64)), ValueError, "out is Float"),
+    ("non-contiguous out", dict(out=torch.empty(3, 64, 4, dtype=torch.float16).transpose(1, 2)), ValueError,
+     "out must be contiguous"),
+    ("float64 query", dict(query=torch.zeros(3, 4, 64, dtype=torch.float64),
+                           out=torch.zeros(3, 4, 64, dtype=torch.float64)), NotImplementedError, "kpa takes float32"),
+    ("query of rank 2", dict(query=torch.zeros(3, 256, dtype=torch.float16)), ValueError, "query must be"),
+    ("block size differs from the cache's", dict(block_size=8), ValueError, "key_cache has shape"),
+    ("num_kv_heads differs from the cache's", dict(num_kv_heads=4), ValueError, "key_cache has shape"),
+    ("unknown kv_cache_dtype", dict(kv_cache_dtype="fp8_inc"), NotImplementedError, "fp8_inc"),
+    ("fp8 with a float16 cache", dict(kv_cache_dtype="fp8"), ValueError, "an fp8 cache is a uint8 tensor"),
+    ("int16 block tables", dict(block_tables=torch.zeros(3, 2, dtype=torch.int16)), ValueError, "int32 or int64"),
+    ("block tables of another batch", dict(block_tables=torch.zeros(2, 2, dtype=torch.int32)), ValueError,
+     "block_tables must be"),
+    ("seq_lens of another batch", dict(seq_lens=torch.zeros(4, dtype=torch.int32)), ValueError, "seq_lens has shape"),
+    ("block id past the cache", dict(block_tables=torch.full((3, 2), 99, dtype=torch.int32)), ValueError,
+     r"block_tables\[.\]\[0\] = 99"),
+    ("length above max_seq_len", dict(max_seq_len=10), ValueError, "exceeds max_seq_len"),
+    ("negative length", dict(seq_lens=torch.tensor([1, -1, 2], dtype=torch.int32)), ValueError, "seq_lens"),
+    ("alibi of another extent", dict(alibi_slopes=torch.zeros(3)), ValueError, "alibi_slopes has shape"),
+    ("k_scale of two values", dict(k_scale=torch.ones(2)), ValueError, "k_scale must hold one"),
+    ("meta query with CPU caches", dict(query=torch.zeros(3, 4, 64, dtype=torch.float16, device="meta")), ValueError,
+     "query is on meta, out on cpu"),
+]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("what,changes,error,message", ERRORS, ids=[e[0] for e in ERRORS])
+def test_argument_errors(what, changes, error, message, version):
+    p = Problem([3, 17, 20], num_heads=4, num_kv_heads=2, head_size=64, block_size=16, seed=47)
+    with pytest.raises(error, match=message):
+        run(version, p, **changes)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_num_heads_not_a_multiple_of_num_kv_heads(version):
+    p = Problem([3, 17], num_heads=4, num_kv_heads=3, head_size=64, seed=61)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        run(version, p)
+
+
+def test_v2_with_too_few_partitions():
+    p = Problem([600], seed=53)
+    with pytest.raises(ValueError, match="max_num_partitions"):
+        run("v2", p, partitions=1)
+
+
+def test_unsupported_head_size():
+    p = Problem([3], head_size=32, seed=59)
+    cache = torch.zeros(p.num_blocks, 2, 1040 // 8, 16, 8, dtype=torch.float16)
+    values = torch.zeros(p.num_blocks, 2, 1040, 16, dtype=torch.float16)
+    query = torch.zeros(1, 4, 1040, dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match="head_size 1040 is not supported"):
+        vllm_ops.paged_attention_v1(torch.empty_like(query), query, cache, values, 2, 1.0, p.block_tables,
+                                    p.seq_lens_tensor, 16, 3, None, "auto", 1.0, 1.0)
+
+
+def test_cache_op_errors():
+    key = torch.zeros(4, 2, 64, dtype=torch.float16)
+    key_cache = torch.zeros(3, 2, 8, 16, 8, dtype=torch.float16)
+    value_cache = torch.zeros(3, 2, 64, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"slot_mapping\[2\] = 48"):
+        vllm_ops.reshape_and_cache(key, key, key_cache, value_cache, torch.tensor([0, 1, 48, 2]), "auto", 1.0, 1.0)
+    with pytest.raises(ValueError, match="slot_mapping has shape"):
+        vllm_ops.reshape_and_cache(key, key, key_cache, value_cache, torch.tensor([0, 1]), "auto", 1.0, 1.0)
+    with pytest.raises(ValueError, match="value_cache has shape"):
+        vllm_ops.reshape_and_cache(key, key, key_cache, value_cache[:, :, :32], torch.arange(4), "auto", 1.0, 1.0)
+    with pytest.raises(ValueError, match="2 key caches and 1 value caches"):
+        vllm_ops.copy_blocks([key_cache, key_cache], [value_cache], torch.zeros(0, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"block_mapping must be \[num_pairs, 2\]"):
+        vllm_ops.copy_blocks([key_cache], [value_cache], torch.zeros(2, 3, dtype=torch.int64))
+    with pytest.raises(NotImplementedError, match="Double"):
+        vllm_ops.copy_blocks([key_cache.double()], [value_cache.double()], torch.zeros(1, 2, dtype=torch.int64))
