@@ -5,7 +5,8 @@
 #      path; every public header on its own; the C ABI from C and from Python; a kpa-bench smoke
 #      run; the installed package used by a separate project and run from its prefix.
 #   2. The PyTorch operators (scripts/python.sh --test): the distribution's torch, the package in
-#      python/ pip-installed into <repo>/build/python-venv against the host build, its pytest suite.
+#      python/ pip-installed into <repo>/build/python-venv against the host build, its pytest suite;
+#      then again with the package building libkpa from the tree itself (<repo>/build/python-from-source).
 #   3. Sanitizer build (<repo>/build-asan): the unit tests and the C ABI tests again, built with
 #      AddressSanitizer and UndefinedBehaviorSanitizer; any report fails the run.
 #   4. The libFuzzer target over the C ABI (scripts/fuzz.sh, <repo>/build-fuzz): a bounded run
@@ -28,6 +29,8 @@ BUILD_DIR=$build "$repo/scripts/build.sh"
 
 log "PyTorch operators (python/): pip install against the host build, then pytest"
 BUILD_DIR=$build "$repo/scripts/python.sh" --test
+log "PyTorch operators again, the package building libkpa itself (pip install without an installed kpa)"
+BUILD_DIR=$build/python-from-source "$repo/scripts/python.sh" --test
 
 asan_build=${ASAN_BUILD_DIR:-$repo/build-asan}
 log "sanitizer build (address, undefined) in $asan_build"
