@@ -114,12 +114,10 @@ class Problem:
         n = self.seq_lens[s]
         blocks = self.block_tables[s, np.arange(n) // self.block_size].numpy()
         offsets = np.arange(n) % self.block_size
-        kc = self.key_cache.float().numpy() if self.kv_cache_dtype == "auto" else None
         if self.kv_cache_dtype == "auto":
-            vc = self.value_cache.float().numpy()
-            k = kc[blocks, :, :, offsets, :].reshape(n, self.num_kv_heads, self.head_size)
-            v = vc[blocks, :, :, offsets]
-            return k.astype(np.float64), v.astype(np.float64)
+            k = self.key_cache[blocks, :, :, offsets, :].double().numpy()
+            v = self.value_cache[blocks, :, :, offsets].double().numpy()
+            return k.reshape(n, self.num_kv_heads, self.head_size), v
         kind = fp8_kind(self.kv_cache_dtype)
         k = fp8_decode(self.key_cache.numpy()[blocks, :, :, offsets, :], kind).reshape(n, self.num_kv_heads, self.head_size)
         v = fp8_decode(self.value_cache.numpy()[blocks, :, :, offsets], kind)
