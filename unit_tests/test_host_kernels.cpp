@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -178,13 +180,13 @@ void check_block_logits(HostIsa isa, int block_size, int head_size) {
   }
 }
 
+/// Three blocks, the middle one skipped (id -1), the last holding `last` slots.
 template <int H, class S>
-void check_chunk_values(HostIsa isa, int block_size, int head_size) {
-  std::mt19937 rng(block_size * 17 + head_size + H);
+void check_chunk_values(HostIsa isa, int block_size, int head_size, int last) {
+  std::mt19937 rng(block_size * 17 + head_size + H + last * 5);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
   const auto kernels = kpa::detail::host_kernels<H, S>(isa);
-  // Three blocks, the middle one skipped (id -1), the last partly filled.
-  const int blocks = 3, last = block_size > 1 ? block_size - 1 : 1;
+  const int blocks = 3;
   std::vector<Block<S>> cache;
   for (int b = 0; b < blocks; ++b) cache.emplace_back(block_size, head_size, b + 1 == blocks ? last : block_size, rng);
   std::vector<S> values;  // the cache: blocks 2, 0, 1 in memory, so ids are not positions
@@ -219,7 +221,7 @@ void check_chunk_values(HostIsa isa, int block_size, int head_size) {
         }
       }
       EXPECT_NEAR(o[g * head_size + d], expected, 2e-5 * (1 + std::fabs(expected)))
-          << name_of(isa) << " H " << H << " B " << block_size << " D " << head_size << " d " << d;
+          << name_of(isa) << " H " << H << " B " << block_size << " D " << head_size << " last " << last << " d " << d;
     }
 }
 
@@ -229,7 +231,11 @@ void check_shapes(const std::vector<int>& head_sizes) {
     for (int block_size : {1, 3, 8, 12, 16, 32})
       for (int head_size : head_sizes) {
         check_block_logits<H, S>(isa, block_size, head_size);
-        check_chunk_values<H, S>(isa, block_size, head_size);
+        // The last block full, one short (a masked tail after whole vectors), one slot, and half
+        // full plus one (a masked vector in the middle of the block row).
+        for (int last : {block_size, block_size - 1, 1, block_size / 2 + 1}) {
+          if (last >= 1 && last <= block_size) check_chunk_values<H, S>(isa, block_size, head_size, last);
+        }
       }
 }
 
@@ -250,6 +256,57 @@ TEST(HostKernels, Fp8Caches) {
   check_shapes<4, kpa::fp8_e4m3>({128});
   check_shapes<2, kpa::fp8_e5m2>({16, 64});
   check_shapes<8, kpa::fp8_e5m2>({32});
+}
+
+// The query and output row conversions of every instruction set against the scalar ones, bit
+// for bit: rounding ties, overflow, binary16 subnormals, signed zeros, infinities, NaN payloads,
+// every tail length, and nothing written past the row.
+template <class T>
+void check_row_conversions(HostIsa isa) {
+  std::vector<float> values = {0.0f,           -0.0f,         1.0f,          -1.0f,      65504.0f,    65519.99f,
+                               65520.0f,       -70000.0f,     1e-8f,         0x1p-24f,   0x1p-25f,    3 * 0x1p-26f,
+                               0x1p-14f,       0x1.ffcp-15f,  1 + 0x1p-8f,   1 + 3 * 0x1p-8f, 1 + 0x1p-11f,
+                               1 + 3 * 0x1p-11f, 3.4e38f,     -3.4e38f,      1e-40f,     kInf,        -kInf};
+  // Quiet NaNs only: the rows stored are arithmetic results, and a signalling NaN would raise
+  // FE_INVALID (trapped in these tests) in the multiplication already.
+  for (std::uint32_t nan_bits : {0x7fc00000u, 0x7fc00001u, 0xffc12345u, 0x7fe00000u, 0x7fd55555u}) {
+    float nan;
+    std::memcpy(&nan, &nan_bits, 4);
+    values.push_back(nan);
+  }
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
+  while (values.size() < 40) values.push_back(uniform(rng));
+  const auto rows = kpa::detail::host_row_kernels<T>(isa);
+  for (float factor : {1.0f, 0.5f, -3.0f}) {
+    for (int n = 0; n <= static_cast<int>(values.size()); ++n) {
+      std::vector<T> out(n + 9, kpa::detail::from_float<T>(-12345.0f));
+      rows.store(values.data(), factor, out.data(), n);
+      for (int i = 0; i < n + 9; ++i) {
+        const T expected = kpa::detail::from_float<T>(i < n ? values[i] * factor : -12345.0f);
+        EXPECT_EQ(std::memcmp(&out[i], &expected, sizeof(T)), 0)
+            << name_of(isa) << " store n " << n << " i " << i << " value " << values[i < n ? i : 0] << " x " << factor;
+      }
+      std::vector<float> back(n + 9, -12345.0f);
+      rows.load(out.data(), factor, back.data(), n);
+      for (int i = 0; i < n + 9; ++i) {
+        const float expected = i < n ? kpa::to_float(out[i]) * factor : -12345.0f;
+        if (std::isnan(expected)) {
+          EXPECT_TRUE(std::isnan(back[i])) << name_of(isa) << " load n " << n << " i " << i;
+        } else {
+          EXPECT_EQ(back[i], expected) << name_of(isa) << " load n " << n << " i " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(HostKernels, RowConversionsMatchTheScalarOnes) {
+  for (HostIsa isa : isas_here()) {
+    check_row_conversions<float>(isa);
+    check_row_conversions<kpa::half>(isa);
+    check_row_conversions<kpa::bfloat16>(isa);
+  }
 }
 
 // Every fp8 code widens to its value in the vector loads (NaN codes to NaN).

@@ -189,10 +189,14 @@ struct PartitionKernel {
   /// q = query * scale (zeros for padding rows) and o = 0 in scratch.
   KOKKOS_INLINE_FUNCTION void load_query(const member_type& member, const TileScratch& s, const Pass& pass) const {
     const int D = geo.head_size;
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(member, H * D), [&](int i) {
-      const int r = i / D;
-      s.q[i] = r < pass.rows ? to_float(query(row_token(pass, r), row_head(pass, r), i % D)) * geo.scale : 0.0f;
-      s.o[i] = 0.0f;
+    Path::for_row_spans(member, H, D, [&](int r, int d0, int d1) {
+      for (int d = d0; d < d1; ++d) s.o[r * D + d] = 0.0f;
+      if (r < pass.rows) {
+        Path::load_span(geo.host_isa, &query(row_token(pass, r), row_head(pass, r), d0), query.stride(2), geo.scale,
+                        s.q + r * D + d0, d1 - d0);
+      } else {
+        for (int d = d0; d < d1; ++d) s.q[r * D + d] = 0.0f;
+      }
     });
     member.team_barrier();
   }
@@ -225,13 +229,13 @@ struct PartitionKernel {
       }
     });
     member.team_barrier();
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(member, pass.rows * D), [&](int i) {
-      const int r = i / D;
+    Path::for_row_spans(member, pass.rows, D, [&](int r, int d0, int d1) {
       const int token = row_token(pass, r), head = row_head(pass, r);
       if (geo.output == Output::Final) {
-        out(token, head, i % D) = from_float<T>(s.o[i] * factor[r]);
+        Path::store_span(geo.host_isa, s.o + r * D + d0, factor[r], &out(token, head, d0), out.stride(2), d1 - d0);
       } else {
-        tmp_out(token, head, pass.partition, i % D) = from_float<TmpT>(s.o[i] * factor[r]);
+        Path::store_span(geo.host_isa, s.o + r * D + d0, factor[r], &tmp_out(token, head, pass.partition, d0),
+                         tmp_out.stride(3), d1 - d0);
       }
     });
     member.team_barrier();  // the next pass reuses the scratch
@@ -240,8 +244,8 @@ struct PartitionKernel {
   /// Output 0 (and the LSE of nothing attended) for every row of `pass`.
   KOKKOS_INLINE_FUNCTION void store_empty(const member_type& member, const Pass& pass) const {
     const int D = geo.head_size;
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(member, pass.rows * D), [&](int i) {
-      out(row_token(pass, i / D), row_head(pass, i / D), i % D) = from_float<T>(0.0f);
+    Path::for_row_spans(member, pass.rows, D, [&](int r, int d0, int d1) {
+      for (int d = d0; d < d1; ++d) out(row_token(pass, r), row_head(pass, r), d) = from_float<T>(0.0f);
     });
     if (lse.extent(0) > 0) {
       Kokkos::parallel_for(Kokkos::TeamVectorRange(member, pass.rows), [&](int r) {

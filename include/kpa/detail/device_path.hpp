@@ -21,6 +21,8 @@
 #include <kpa/detail/tile.hpp>
 #include <kpa/numeric_types.hpp>
 
+#include <cstddef>
+
 namespace kpa::detail {
 
 /// N consecutive elements of T read as one aligned load (16 bytes at most).
@@ -60,6 +62,27 @@ KOKKOS_INLINE_FUNCTION void slot_dot(const CacheT* key, int stride, int vectors,
 }
 
 struct DevicePath {
+  /// Calls f(r, d, d + 1) for every dimension d in [0, D) of rows [0, rows): the team's workers
+  /// and lanes take single elements, so all of them have work even for a few rows.
+  template <class Member, class F>
+  KOKKOS_INLINE_FUNCTION static void for_row_spans(const Member& member, int rows, int D, const F& f) {
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(member, rows * D), [&](int i) { f(i / D, i % D, i % D + 1); });
+  }
+
+  /// dst[i] = float(src[i * stride]) * scale for i < n.
+  template <class T>
+  KOKKOS_INLINE_FUNCTION static void load_span(HostIsa, const T* src, std::size_t stride, float scale, float* dst,
+                                               int n) {
+    for (int i = 0; i < n; ++i) dst[i] = to_float(src[i * stride]) * scale;
+  }
+
+  /// dst[i * stride] = from_float<T>(src[i] * factor) for i < n.
+  template <class T>
+  KOKKOS_INLINE_FUNCTION static void store_span(HostIsa, const float* src, float factor, T* dst, std::size_t stride,
+                                                int n) {
+    for (int i = 0; i < n; ++i) dst[i * stride] = from_float<T>(src[i] * factor);
+  }
+
   /// Value elements per load: 16 bytes, at most 8 slots (so a block of 8 works for every type).
   template <class CacheT>
   static constexpr int kValueWidth = static_cast<int>(16 / sizeof(CacheT)) < 8 ? static_cast<int>(16 / sizeof(CacheT)) : 8;

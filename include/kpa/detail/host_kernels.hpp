@@ -5,7 +5,8 @@
 //   block_logits  q . k for the H query heads of a pass against the slots of one cache block;
 //   row_soft_cap  one row of a chunk's logits soft-capped (the variant's logits transform);
 //   row_softmax   one head's row of a chunk's logits: ALiBi, the max, p = exp(logit - max), the sum;
-//   chunk_values  o = o * weight + p . V for a range of output dimensions over a chunk.
+//   chunk_values  o = o * weight + p . V for a range of output dimensions over a chunk;
+// and, per query / output type (HostRowKernels), a query row into scratch and an output row out.
 // host_kernels_portable.hpp holds the arguments and the plain C++ set every CPU runs;
 // host_kernels_x86.hpp the AVX2 + FMA + F16C set, compiled with target attributes whatever the
 // translation unit's flags, so one binary runs the best set the CPU has
@@ -40,6 +41,24 @@ HostKernels<H, CacheT> host_kernels(HostIsa isa) {
   (void)isa;
   return {&portable::block_logits<H, CacheT>, &portable::row_softmax, &portable::row_soft_cap,
           &portable::chunk_values<H, CacheT>};
+}
+
+/// The row conversions between query / output types and scratch floats, for `isa`.
+template <class T>
+struct HostRowKernels {
+  /// dst[i] = float(src[i]) * scale for i < n.
+  void (*load)(const T* src, float scale, float* dst, int n);
+  /// dst[i] = from_float<T>(src[i] * factor) for i < n, bit for bit.
+  void (*store)(const float* src, float factor, T* dst, int n);
+};
+
+template <class T>
+HostRowKernels<T> host_row_kernels(HostIsa isa) {
+#ifdef KPA_IMPL_X86_KERNELS
+  if (isa == HostIsa::Avx2 && avx2::has_row_kernels<T>) return {&avx2::load_row<T>, &avx2::store_row<T>};
+#endif
+  (void)isa;
+  return {&portable::load_row<T>, &portable::store_row<T>};
 }
 
 }  // namespace kpa::detail

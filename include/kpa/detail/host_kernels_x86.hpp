@@ -25,6 +25,8 @@
 #include <type_traits>
 
 #define KPA_IMPL_AVX2 __attribute__((target("avx2,fma,f16c")))
+// For the helpers of the register tiles: a call would spill the tile's registers.
+#define KPA_IMPL_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline))
 
 namespace kpa::detail::avx2 {
 
@@ -106,7 +108,7 @@ KPA_IMPL_AVX2 inline __m256 key_dims(const CacheT* slot, int stride, int v) {
 /// out[i] = the sum of the 8 lanes of acc[i], for N accumulators: hadd trees reduce eight at
 /// once, lanes crossing only at the end.
 template <int N>
-KPA_IMPL_AVX2 inline void reduce_lanes(const __m256 (&acc)[N], float (&out)[N]) {
+KPA_IMPL_AVX2_INLINE inline void reduce_lanes(const __m256 (&acc)[N], float (&out)[N]) {
 #pragma GCC unroll 4
   for (int first = 0; first < N; first += 8) {
     __m256 a[8];
@@ -240,7 +242,7 @@ inline constexpr int kHeadTile = H == 6 ? 3 : (H < 4 ? H : 4);
 
 /// Logits of S consecutive slots (the first at `key`) for HG heads (the first at q).
 template <int S, int HG, class CacheT>
-KPA_IMPL_AVX2 inline void logits_tile(const CacheT* key, int stride, int vectors, const float* q, int head_size,
+KPA_IMPL_AVX2_INLINE inline void logits_tile(const CacheT* key, int stride, int vectors, const float* q, int head_size,
                                       float (&out)[S * HG]) {
   constexpr int X = static_cast<int>(16 / sizeof(CacheT));
   __m256 acc[S * HG];
@@ -262,7 +264,7 @@ KPA_IMPL_AVX2 inline void logits_tile(const CacheT* key, int stride, int vectors
 }
 
 template <int S, int HG, class CacheT>
-KPA_IMPL_AVX2 inline void logits_slots(const BlockLogitsArgs<CacheT>& a, int g0, int slot) {
+KPA_IMPL_AVX2_INLINE inline void logits_slots(const BlockLogitsArgs<CacheT>& a, int g0, int slot) {
   constexpr int X = static_cast<int>(16 / sizeof(CacheT));
   float sums[S * HG];
   logits_tile<S, HG>(a.key_block + slot * X, a.block_size * X, a.head_size / 8, a.q + g0 * a.head_size, a.head_size,
@@ -318,13 +320,81 @@ struct ValueRun {
   int slots;
 };
 
+/// o[g][d] += sums[g][d] (after o[g][d] *= weight[g] with `rescale`) for the tile's HG x R
+/// accumulators of 8 slot lanes each.
+template <int HG, int R, class CacheT>
+KPA_IMPL_AVX2 inline void finish_values_tile(const ChunkValuesArgs<CacheT>& a, const __m256 (&acc)[HG * R], int g0,
+                                             int d0, bool rescale) {
+  float sums[HG * R];
+  reduce_lanes(acc, sums);
+#pragma GCC unroll 4
+  for (int g = 0; g < HG; ++g) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      float& o = a.o[(g0 + g) * a.head_size + d0 + r];
+      o = (rescale ? o * a.weight[g0 + g] : o) + sums[g * R + r] * Load<CacheT>::scale;
+    }
+  }
+}
+
 /// o[g][d] = o[g][d] * weight[g] + sum over the runs of p_g * v[d] for heads [g0, g0 + HG) and
-/// rows [d0, d0 + R); without `rescale`, weight 1. FixedB: the block size when the compiler may
-/// unroll for it (every run but the last then fills its block), 0 for any.
-template <int HG, int R, int FixedB, class CacheT>
+/// rows [d0, d0 + R); without `rescale`, weight 1. For a block size B that is a multiple of 8:
+/// whole blocks fully unrolled with the accumulators in registers; the last run, if partly
+/// filled, loads whole vectors of its block and zeroes the lanes past its slots (they may hold
+/// NaN: a zero lane, not 0 * NaN).
+template <int HG, int R, int B, class CacheT>
+KPA_IMPL_AVX2 inline void values_tile_fixed(const ChunkValuesArgs<CacheT>& a, const ValueRun<CacheT>* runs, int count,
+                                            int g0, int d0, bool rescale) {
+  static_assert(B % 8 == 0, "whole vectors per block row");
+  const std::int64_t row0 = static_cast<std::int64_t>(d0) * B;
+  const int ps = a.probs_stride;
+  __m256 acc[HG * R];
+#pragma GCC unroll 16
+  for (int i = 0; i < HG * R; ++i) acc[i] = _mm256_setzero_ps();
+  const int full = count > 0 && runs[count - 1].slots < B ? count - 1 : count;
+  for (int run = 0; run < full; ++run) {
+    const CacheT* v = runs[run].values + row0;
+    const float* p = runs[run].probs + g0 * ps;
+#pragma GCC unroll 4
+    for (int j = 0; j < B; j += 8) {
+      __m256 vv[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) vv[r] = Load<CacheT>::eight(v + r * B + j);
+#pragma GCC unroll 4
+      for (int g = 0; g < HG; ++g) {
+        __m256 pv = _mm256_loadu_ps(p + g * ps + j);
+        KPA_IMPL_IN_REGISTER(pv);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[g * R + r] = _mm256_fmadd_ps(pv, vv[r], acc[g * R + r]);
+      }
+    }
+  }
+  if (full < count) {
+    const CacheT* v = runs[full].values + row0;
+    const float* p = runs[full].probs + g0 * ps;
+    const int slots = runs[full].slots;
+    for (int j = 0; j < slots; j += 8) {
+      const __m256i mask = first_lanes(slots - j);
+      __m256 vv[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) vv[r] = _mm256_and_ps(Load<CacheT>::eight(v + r * B + j), _mm256_castsi256_ps(mask));
+#pragma GCC unroll 4
+      for (int g = 0; g < HG; ++g) {
+        const __m256 pv = _mm256_maskload_ps(p + g * ps + j, mask);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[g * R + r] = _mm256_fmadd_ps(pv, vv[r], acc[g * R + r]);
+      }
+    }
+  }
+  finish_values_tile<HG, R>(a, acc, g0, d0, rescale);
+}
+
+/// values_tile_fixed for any block size: a block row may end inside a vector, so the last
+/// vector of each run is read only as far as its slots.
+template <int HG, int R, class CacheT>
 KPA_IMPL_AVX2 inline void values_tile(const ChunkValuesArgs<CacheT>& a, const ValueRun<CacheT>* runs, int count,
                                       int g0, int d0, bool rescale) {
-  const int B = FixedB > 0 ? FixedB : a.block_size;
+  const int B = a.block_size;
   const std::int64_t row0 = static_cast<std::int64_t>(d0) * B;
   __m256 acc[HG * R];
 #pragma GCC unroll 16
@@ -332,9 +402,8 @@ KPA_IMPL_AVX2 inline void values_tile(const ChunkValuesArgs<CacheT>& a, const Va
   for (int run = 0; run < count; ++run) {
     const CacheT* v = runs[run].values + row0;
     const float* p = runs[run].probs + g0 * a.probs_stride;
-    const int slots = FixedB > 0 && run + 1 < count ? FixedB : runs[run].slots;
+    const int slots = runs[run].slots;
     int j = 0;
-#pragma GCC unroll 4
     for (; j + 8 <= slots; j += 8) {
       __m256 vv[R];
 #pragma GCC unroll 8
@@ -361,16 +430,7 @@ KPA_IMPL_AVX2 inline void values_tile(const ChunkValuesArgs<CacheT>& a, const Va
       }
     }
   }
-  float sums[HG * R];
-  reduce_lanes(acc, sums);
-#pragma GCC unroll 4
-  for (int g = 0; g < HG; ++g) {
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      float& o = a.o[(g0 + g) * a.head_size + d0 + r];
-      o = (rescale ? o * a.weight[g0 + g] : o) + sums[g * R + r] * Load<CacheT>::scale;
-    }
-  }
+  finish_values_tile<HG, R>(a, acc, g0, d0, rescale);
 }
 
 template <int H, class CacheT>
@@ -391,14 +451,60 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin, i
       int d = d_begin;
       for (; d + R <= d_end; d += R) {
         switch (a.block_size) {  // vLLM's block sizes
-          case 8: values_tile<HG, R, 8>(a, runs, count, g0, d, first == 0); break;
-          case 16: values_tile<HG, R, 16>(a, runs, count, g0, d, first == 0); break;
-          case 32: values_tile<HG, R, 32>(a, runs, count, g0, d, first == 0); break;
-          default: values_tile<HG, R, 0>(a, runs, count, g0, d, first == 0); break;
+          case 8: values_tile_fixed<HG, R, 8>(a, runs, count, g0, d, first == 0); break;
+          case 16: values_tile_fixed<HG, R, 16>(a, runs, count, g0, d, first == 0); break;
+          case 32: values_tile_fixed<HG, R, 32>(a, runs, count, g0, d, first == 0); break;
+          default: values_tile<HG, R>(a, runs, count, g0, d, first == 0); break;
         }
       }
-      for (; d < d_end; ++d) values_tile<HG, 1, 0>(a, runs, count, g0, d, first == 0);
+      for (; d < d_end; ++d) values_tile<HG, 1>(a, runs, count, g0, d, first == 0);
     }
+  }
+}
+
+// ---- Query and output rows ----
+
+template <class T>
+inline constexpr bool has_row_kernels =
+    std::is_same_v<T, float> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+
+template <class T>
+KPA_IMPL_AVX2 void load_row(const T* src, float scale, float* dst, int n) {
+  const __m256 s = _mm256_set1_ps(scale);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(Load<T>::eight(src + i), s));
+  if (i < n) _mm256_maskstore_ps(dst + i, first_lanes(n - i), _mm256_mul_ps(load_first(src + i, n - i), s));
+}
+
+/// 8 floats rounded to T as from_float<T> rounds them (to nearest even; NaN stays a quiet NaN).
+template <class T>
+KPA_IMPL_AVX2 inline void store_eight(__m256 x, T* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    _mm256_storeu_ps(dst, x);
+  } else if constexpr (std::is_same_v<T, half>) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  } else {  // bfloat16: the upper half after adding 0x7fff plus the lowest kept bit; NaN quieted
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+    const __m256i words = _mm256_blendv_epi8(rounded, quiet, nan);  // 8 x 16 bits in 32-bit lanes
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(words, words), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_castsi256_si128(packed));
+  }
+}
+
+template <class T>
+KPA_IMPL_AVX2 void store_row(const float* src, float factor, T* dst, int n) {
+  const __m256 f = _mm256_set1_ps(factor);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) store_eight(_mm256_mul_ps(_mm256_loadu_ps(src + i), f), dst + i);
+  if (i < n) {  // the tail through a buffer: nothing written past dst[n - 1]
+    T buffer[8];
+    store_eight(_mm256_mul_ps(_mm256_maskload_ps(src + i, first_lanes(n - i)), f), buffer);
+    std::memcpy(static_cast<void*>(dst + i), static_cast<const void*>(buffer), (n - i) * sizeof(T));
   }
 }
 

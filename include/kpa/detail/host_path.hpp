@@ -11,12 +11,15 @@
 //   3. o = o * weight + p . V: members take ranges of output dimensions, each V element read once
 //      for every row (chunk_values).
 // Software prefetch, one block ahead: the next block's keys and this block's values (measured
-// on 1 x 8192 tokens, 32/8 heads, f16, warm caches: 10-20% faster; a whole chunk ahead: nothing).
+// on 1 x 8192 tokens, 32/8 heads, f16, warm caches: 10-20% faster; a whole chunk ahead: nothing;
+// the next chunk's keys spread over the value sums instead: 5-10% slower on 32 x 4096 tokens).
 // The inner loops are host_kernels.hpp's, for the instruction set the plan names.
 
 #include <kpa/detail/host_kernels.hpp>
 #include <kpa/detail/softmax_state.hpp>
 #include <kpa/detail/tile.hpp>
+
+#include <cstddef>
 
 namespace kpa::detail {
 
@@ -32,6 +35,35 @@ KOKKOS_INLINE_FUNCTION void prefetch_bytes(const void* p, int bytes) {
 }
 
 struct HostPath {
+  /// Calls f(r, d_begin, d_end) so that the team covers dimensions [0, D) of rows [0, rows) once:
+  /// members take whole rows, so per-row work is done once and the inner loops are contiguous.
+  template <class Member, class F>
+  KOKKOS_INLINE_FUNCTION static void for_row_spans(const Member& member, int rows, int D, const F& f) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, rows), [&](int r) { f(r, 0, D); });
+  }
+
+  /// dst[i] = float(src[i * stride]) * scale for i < n.
+  template <class T>
+  KOKKOS_INLINE_FUNCTION static void load_span(HostIsa isa, const T* src, std::size_t stride, float scale, float* dst,
+                                               int n) {
+    if (stride == 1) {
+      host_row_kernels<T>(isa).load(src, scale, dst, n);
+    } else {
+      for (int i = 0; i < n; ++i) dst[i] = to_float(src[i * stride]) * scale;
+    }
+  }
+
+  /// dst[i * stride] = from_float<T>(src[i] * factor) for i < n.
+  template <class T>
+  KOKKOS_INLINE_FUNCTION static void store_span(HostIsa isa, const float* src, float factor, T* dst,
+                                                std::size_t stride, int n) {
+    if (stride == 1) {
+      host_row_kernels<T>(isa).store(src, factor, dst, n);
+    } else {
+      for (int i = 0; i < n; ++i) dst[i * stride] = from_float<T>(src[i] * factor);
+    }
+  }
+
   template <int H, class Kernel>
   KOKKOS_INLINE_FUNCTION static void attend(const Kernel& k, const typename Kernel::member_type& member,
                                             const TileScratch& s, const Pass& pass, SoftmaxStates<H>& running) {
