@@ -8,7 +8,7 @@ import sys
 
 FIELDS = ["name", "version", "batch_size", "seq_len", "num_query_heads", "num_kv_heads", "head_size", "block_size",
           "dtype", "kv_cache_dtype", "median_us", "min_us", "kv_bytes", "kv_gbps", "bandwidth_pct", "roofline_pct",
-          "max_abs_err", "speedup_vs_naive", "speedup_vs_dense", "plan"]
+          "paged_read_gbps", "paged_pct", "max_abs_err", "speedup_vs_naive", "speedup_vs_dense", "plan"]
 
 with open(sys.argv[1]) as f:
     results = json.load(f)
@@ -23,6 +23,13 @@ for r in results:
     # A share of the machine's measured limits: above 100% the probes were wrong (or the time).
     assert 0 < r["bandwidth_pct"] <= 100 and 0 < r["roofline_pct"] <= 100, (r["name"], r["bandwidth_pct"],
                                                                               r["roofline_pct"])
+    # The paged-read probe runs on host back ends: a plain loop over the same blocks in the same
+    # order reads at least as fast as the kernel, up to the noise of a median against a best of 5
+    # on a shared machine (a wrong byte count would be off by 2x or more).
+    if r["execution_space"] != "Cuda":
+        assert r["paged_read_gbps"] is not None and r["paged_read_gbps"] > 0, r
+        assert 0 < r["paged_pct"] <= 150, (r["name"], r["paged_pct"])
+        assert abs(r["paged_pct"] - 100 * r["kv_gbps"] / r["paged_read_gbps"]) < 0.01 * r["paged_pct"] + 1e-3, r
     tolerance = {"float": 1e-5, "half": 1e-3, "bfloat16": 8e-3}[r["dtype"]]
     assert r["max_abs_err"] is not None and r["max_abs_err"] < tolerance, (r["name"], r["max_abs_err"])
     assert r["speedup_vs_naive"] is not None and r["speedup_vs_naive"] > 0, r

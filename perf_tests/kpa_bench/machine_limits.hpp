@@ -9,6 +9,8 @@
 //   FMA throughput: every work item runs independent multiply-add chains in registers (x86: 16
 //     vector chains of the widest width; elsewhere 64 scalar chains for the compiler to
 //     vectorise), enough to cover the FMA latency; best of 5 runs, 2 FLOP per FMA.
+// Besides these, each workload measures the paged read on hosts (Bench::paged_read_bytes_per_s
+// in main.cpp): the same blocks in the same order, read by a plain loop (read_words).
 
 #include <kpa/detail/host_isa.hpp>
 #include <kpa/detail/kokkos_compat.hpp>
@@ -21,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -73,6 +76,21 @@ __attribute__((target("avx512f"))) inline float read_sum_avx512(const float* p, 
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_loadu_ps(p + i + 16 * j));
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+/// The 32-bit words of `bytes` bytes (a multiple of 256) summed in 8 vector accumulators: integer
+/// adds, so any bit pattern (f16 pairs, fp8 quads) costs the same.
+__attribute__((target("avx2"))) inline std::uint32_t read_words_avx2(const char* p, std::int64_t bytes) {
+  __m256i acc[8];
+  for (auto& a : acc) a = _mm256_setzero_si256();
+  for (std::int64_t i = 0; i < bytes; i += 256)
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j)
+      acc[j] = _mm256_add_epi32(acc[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32 * j)));
+  for (int j = 1; j < 8; ++j) acc[0] = _mm256_add_epi32(acc[0], acc[j]);
+  alignas(32) std::uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[0]);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
 }
 
 /// kChains independent vector FMA chains of `steps` steps; returns their sum (kept live).
@@ -211,6 +229,23 @@ MachineLimits measure_machine_limits(const Space& space) {
   });
   limits.flop_per_s = flop_per_item * static_cast<double>(items) / fma_seconds;
   return limits;
+}
+
+/// The 32-bit words of `bytes` bytes summed: with AVX2 when `avx2` (x86::probe_width() >= 8) and
+/// bytes is a multiple of 256, else by a plain loop (which compilers vectorise).
+inline std::uint32_t read_words(const char* p, std::int64_t bytes, bool avx2) {
+#ifdef KPA_IMPL_X86_KERNELS
+  if (avx2 && bytes % 256 == 0) return x86::read_words_avx2(p, bytes);
+#else
+  (void)avx2;
+#endif
+  std::uint32_t sum = 0;
+  for (std::int64_t i = 0; i + 4 <= bytes; i += 4) {
+    std::uint32_t word;
+    std::memcpy(&word, p + i, 4);
+    sum += word;
+  }
+  return sum;
 }
 
 /// Evicts the caches before a timed call by rewriting a buffer far larger than any of them, so

@@ -76,6 +76,7 @@ struct Result {
   double median_us = 0, min_us = 0, kv_bytes = 0, flops = 0, kv_gbps = 0, bandwidth_pct = 0, gflops = 0,
          roofline_pct = 0;
   std::optional<double> max_abs_err, naive_us, dense_us;
+  std::optional<double> paged_read_gbps, paged_pct;  ///< the paged-read probe (hosts)
   std::string plan;
 };
 
@@ -371,6 +372,63 @@ class Bench {
     return os.str();
   }
 
+  /// The paged-read probe: what a plain loop reads per second from this workload's cache in
+  /// the step's order. Every (sequence, kv head) reads the key block and the value block of each
+  /// table entry its rows attend, asking for the next entry's two blocks one ahead as kpa does
+  /// (read_words: 32-bit integer sums, AVX2 on x86); items of up to 64 blocks, dynamically
+  /// scheduled over the threads; before_each() first, best of 5. Blocks are 4 KiB pages in table
+  /// order (shuffled, as after a serving engine's churn), which the CPU's prefetchers stream far
+  /// worse than one long run: this is the bandwidth the paged layout leaves. 0 on device spaces.
+  double paged_read_bytes_per_s() {
+    if constexpr (!Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+      return 0.0;
+    } else {
+      constexpr int kBlocksPerItem = 64;
+      const int B = w_.block_size, heads = w_.num_kv_heads;
+      const long long first_token = w_.seq_len - w_.keys_read();
+      const int first_block = static_cast<int>(first_token / B), blocks = (w_.seq_len - 1) / B + 1 - first_block;
+      const int pieces = (blocks + kBlocksPerItem - 1) / kBlocksPerItem;
+      const std::int64_t block_bytes = static_cast<std::int64_t>(w_.head_size) * B * sizeof(C);
+      const char* keys = reinterpret_cast<const char*>(key_cache_.data());
+      const char* values = reinterpret_cast<const char*>(value_cache_.data());
+      const auto tables = block_tables_;
+#ifdef KPA_IMPL_X86_KERNELS
+      const bool avx2 = x86::probe_width() >= 8;
+#else
+      const bool avx2 = false;
+#endif
+      std::uint64_t sink = 0;
+      double best = 1e30;
+      for (int run = 0; run < 5; ++run) {
+        before_each();
+        const auto start = std::chrono::steady_clock::now();
+        Kokkos::parallel_reduce(
+            "kpa_bench::paged_read",
+            Kokkos::RangePolicy<Space, Kokkos::Schedule<Kokkos::Dynamic>>(0, w_.batch_size * heads * pieces),
+            [&](int item, std::uint64_t& sum) {
+              const int piece = item % pieces, seq_head = item / pieces;
+              const int seq = seq_head / heads, head = seq_head % heads;
+              const int begin = first_block + piece * kBlocksPerItem;
+              const int end = std::min(first_block + blocks, begin + kBlocksPerItem);
+              auto offset = [&](int b) { return (static_cast<std::int64_t>(tables(seq, b)) * heads + head) * block_bytes; };
+              for (int b = begin; b < end; ++b) {
+                if (b + 1 < end) {
+                  for (std::int64_t i = 0; i < block_bytes; i += 64) {
+                    __builtin_prefetch(keys + offset(b + 1) + i, 0, 2);
+                    __builtin_prefetch(values + offset(b + 1) + i, 0, 2);
+                  }
+                }
+                sum += read_words(keys + offset(b), block_bytes, avx2) + read_words(values + offset(b), block_bytes, avx2);
+              }
+            },
+            sink);
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+      if (sink == 1) std::fprintf(stderr, " ");  // keeps the sums live
+      return 2.0 * block_bytes * blocks * w_.batch_size * heads / best;
+    }
+  }
+
   /// Called before every timed call (CacheFlusher unless --warm-cache).
   std::function<void()> before_each = [] {};
 
@@ -408,6 +466,10 @@ class Bench {
     // measured bandwidth, and the multiply-adds at the measured FMA throughput.
     const double roofline_us = std::max(r.kv_bytes / limits.read_bytes_per_s, r.flops / limits.flop_per_s) * 1e6;
     r.roofline_pct = 100.0 * roofline_us / r.median_us;
+    if (const double paged = paged_read_bytes_per_s(); paged > 0.0) {
+      r.paged_read_gbps = paged / 1e9;
+      r.paged_pct = 100.0 * r.kv_bytes / r.median_us * 1e6 / paged;
+    }
     if (o.check) r.max_abs_err = check_sample();
     if (o.baselines && w_.decode_only()) {  // the baselines know plain decode only
       const int iters = o.baseline_iters;
@@ -533,14 +595,15 @@ void print_table(const std::vector<Result>& results, const MachineLimits& limits
   std::printf("\nmachine: %s, %d threads; measured read bandwidth %.1f GB/s, FMA throughput %.1f GFLOP/s (%s probes)\n",
               Space::name(), static_cast<int>(Space().concurrency()), limits.read_bytes_per_s / 1e9,
               limits.flop_per_s / 1e9, probe_kind<Space>().c_str());
-  std::printf("%-22s %-4s %-5s %-8s %10s %10s %8s %6s %8s %6s %-22s %9s %9s %9s\n", "workload", "ver", "dtype", "kv",
-              "median_us", "min_us", "KV_GB/s", "%bw", "GFLOP/s", "%roof", "plan", "vs_naive", "vs_dense",
-              "max_err");
+  std::printf("%-22s %-4s %-5s %-8s %10s %10s %8s %6s %8s %6s %6s %-22s %9s %9s %9s\n", "workload", "ver", "dtype",
+              "kv", "median_us", "min_us", "KV_GB/s", "%bw", "paged", "%paged", "%roof", "plan", "vs_naive",
+              "vs_dense", "max_err");
   for (const Result& r : results) {
-    std::printf("%-22s %-4s %-5s %-8s %10.1f %10.1f %8.2f %6.1f %8.1f %6.1f %-22s %9s %9s %9s\n", r.w.name.c_str(),
+    std::printf("%-22s %-4s %-5s %-8s %10.1f %10.1f %8.2f %6.1f %8s %6s %6.1f %-22s %9s %9s %9s\n", r.w.name.c_str(),
                 r.w.version.c_str(), r.w.dtype == "bfloat16" ? "bf16" : r.w.dtype == "half" ? "f16" : "f32",
-                r.w.kv_cache_dtype.c_str(), r.median_us, r.min_us, r.kv_gbps, r.bandwidth_pct, r.gflops,
-                r.roofline_pct, r.plan.c_str(), r.naive_us ? (fixed(*r.naive_us / r.median_us, 1) + "x").c_str() : "-",
+                r.w.kv_cache_dtype.c_str(), r.median_us, r.min_us, r.kv_gbps, r.bandwidth_pct,
+                r.paged_read_gbps ? fixed(*r.paged_read_gbps, 2).c_str() : "-",
+                r.paged_pct ? fixed(*r.paged_pct, 1).c_str() : "-", r.roofline_pct, r.plan.c_str(), r.naive_us ? (fixed(*r.naive_us / r.median_us, 1) + "x").c_str() : "-",
                 r.dense_us ? (fixed(*r.dense_us / r.median_us, 1) + "x").c_str() : "-",
                 r.max_abs_err ? fixed(*r.max_abs_err, 6).c_str() : "-");
   }
@@ -562,6 +625,7 @@ void write_json(const std::string& path, const std::vector<Result>& results, con
         << ", \"min_us\": " << fixed(r.min_us, 3) << ", \"kv_bytes\": " << fixed(r.kv_bytes, 0)
         << ", \"kv_gbps\": " << fixed(r.kv_gbps, 4) << ", \"bandwidth_pct\": " << fixed(r.bandwidth_pct, 3)
         << ", \"gflops\": " << fixed(r.gflops, 3) << ", \"roofline_pct\": " << fixed(r.roofline_pct, 3)
+        << ", \"paged_read_gbps\": " << optional(r.paged_read_gbps) << ", \"paged_pct\": " << optional(r.paged_pct)
         << ", \"max_abs_err\": " << optional(r.max_abs_err)
         << ", \"speedup_vs_naive\": " << (r.naive_us ? fixed(*r.naive_us / r.median_us, 4) : "null")
         << ", \"speedup_vs_dense\": " << (r.dense_us ? fixed(*r.dense_us / r.median_us, 4) : "null")
@@ -577,15 +641,16 @@ void write_json(const std::string& path, const std::vector<Result>& results, con
 void write_csv(const std::string& path, const std::vector<Result>& results) {
   std::ofstream out(path);
   out << "name,version,batch_size,seq_len,num_query_heads,num_kv_heads,head_size,block_size,dtype,kv_cache_dtype,"
-         "median_us,min_us,kv_bytes,kv_gbps,bandwidth_pct,gflops,roofline_pct,max_abs_err,speedup_vs_naive,"
-         "speedup_vs_dense,plan\n";
+         "median_us,min_us,kv_bytes,kv_gbps,bandwidth_pct,gflops,roofline_pct,paged_read_gbps,paged_pct,max_abs_err,"
+         "speedup_vs_naive,speedup_vs_dense,plan\n";
   for (const Result& r : results) {
     out << r.w.name << "," << r.w.version << "," << r.w.batch_size << "," << r.w.seq_len << "," << r.w.num_query_heads
         << "," << r.w.num_kv_heads << "," << r.w.head_size << "," << r.w.block_size << "," << r.w.dtype << ","
         << r.w.kv_cache_dtype << "," << fixed(r.median_us, 3) << "," << fixed(r.min_us, 3) << ","
         << fixed(r.kv_bytes, 0) << "," << fixed(r.kv_gbps, 4) << "," << fixed(r.bandwidth_pct, 3) << ","
         << fixed(r.gflops, 3) << "," << fixed(r.roofline_pct, 3) << ","
-        << (r.max_abs_err ? fixed(*r.max_abs_err, 9) : "") << ","
+        << (r.paged_read_gbps ? fixed(*r.paged_read_gbps, 4) : "") << "," << (r.paged_pct ? fixed(*r.paged_pct, 3) : "")
+        << "," << (r.max_abs_err ? fixed(*r.max_abs_err, 9) : "") << ","
         << (r.naive_us ? fixed(*r.naive_us / r.median_us, 4) : "") << ","
         << (r.dense_us ? fixed(*r.dense_us / r.median_us, 4) : "") << "," << r.plan << "\n";
   }

@@ -12,7 +12,8 @@
 //      for every row (chunk_values).
 // Software prefetch, one block ahead: the next block's keys and this block's values (measured
 // on 1 x 8192 tokens, 32/8 heads, f16, warm caches: 10-20% faster; a whole chunk ahead: nothing;
-// the next chunk's keys spread over the value sums instead: 5-10% slower on 32 x 4096 tokens).
+// the next chunk's keys spread over the value sums instead: 5-10% slower on 32 x 4096 tokens;
+// these prefetches spread over the q.k register tiles rather than issued at once: within noise).
 // The inner loops are host_kernels.hpp's, for the instruction set the plan names.
 
 #include <kpa/detail/host_kernels.hpp>
