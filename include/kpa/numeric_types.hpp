@@ -6,6 +6,7 @@
 
 #include <kpa/detail/kokkos_compat.hpp>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace kpa {
@@ -208,6 +209,18 @@ KOKKOS_INLINE_FUNCTION fp8_e5m2 from_float<fp8_e5m2>(float f) {
 template <class T>
 inline constexpr bool is_activation_type_v =
     std::is_same_v<T, float> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+
+/// dst[i] = to_float(src[i * stride]) * scale for i < n (a query row into kernel scratch).
+template <class T>
+KOKKOS_INLINE_FUNCTION void load_scaled(const T* src, std::size_t stride, float scale, float* dst, int n) {
+  for (int i = 0; i < n; ++i) dst[i] = to_float(src[i * stride]) * scale;
+}
+
+/// dst[i * stride] = from_float<T>(src[i] * factor) for i < n (an output row out of scratch).
+template <class T>
+KOKKOS_INLINE_FUNCTION void store_scaled(const float* src, float factor, T* dst, std::size_t stride, int n) {
+  for (int i = 0; i < n; ++i) dst[i * stride] = from_float<T>(src[i] * factor);
+}
 
 }  // namespace detail
 }  // namespace kpa

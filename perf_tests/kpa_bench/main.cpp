@@ -412,13 +412,12 @@ class Bench {
               const int end = std::min(first_block + blocks, begin + kBlocksPerItem);
               auto offset = [&](int b) { return (static_cast<std::int64_t>(tables(seq, b)) * heads + head) * block_bytes; };
               for (int b = begin; b < end; ++b) {
-                if (b + 1 < end) {
-                  for (std::int64_t i = 0; i < block_bytes; i += 64) {
-                    __builtin_prefetch(keys + offset(b + 1) + i, 0, 2);
-                    __builtin_prefetch(values + offset(b + 1) + i, 0, 2);
-                  }
+                if (b + 1 < end) {  // as kpa's host path does
+                  kpa::detail::prefetch_bytes(keys + offset(b + 1), static_cast<int>(block_bytes));
+                  kpa::detail::prefetch_bytes(values + offset(b + 1), static_cast<int>(block_bytes));
                 }
-                sum += read_words(keys + offset(b), block_bytes, avx2) + read_words(values + offset(b), block_bytes, avx2);
+                const std::int64_t at = offset(b);
+                sum += read_words(keys + at, block_bytes, avx2) + read_words(values + at, block_bytes, avx2);
               }
             },
             sink);
@@ -603,7 +602,8 @@ void print_table(const std::vector<Result>& results, const MachineLimits& limits
                 r.w.version.c_str(), r.w.dtype == "bfloat16" ? "bf16" : r.w.dtype == "half" ? "f16" : "f32",
                 r.w.kv_cache_dtype.c_str(), r.median_us, r.min_us, r.kv_gbps, r.bandwidth_pct,
                 r.paged_read_gbps ? fixed(*r.paged_read_gbps, 2).c_str() : "-",
-                r.paged_pct ? fixed(*r.paged_pct, 1).c_str() : "-", r.roofline_pct, r.plan.c_str(), r.naive_us ? (fixed(*r.naive_us / r.median_us, 1) + "x").c_str() : "-",
+                r.paged_pct ? fixed(*r.paged_pct, 1).c_str() : "-", r.roofline_pct, r.plan.c_str(),
+                r.naive_us ? (fixed(*r.naive_us / r.median_us, 1) + "x").c_str() : "-",
                 r.dense_us ? (fixed(*r.dense_us / r.median_us, 1) + "x").c_str() : "-",
                 r.max_abs_err ? fixed(*r.max_abs_err, 6).c_str() : "-");
   }

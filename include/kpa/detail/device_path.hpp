@@ -69,18 +69,16 @@ struct DevicePath {
     Kokkos::parallel_for(Kokkos::TeamVectorRange(member, rows * D), [&](int i) { f(i / D, i % D, i % D + 1); });
   }
 
-  /// dst[i] = float(src[i * stride]) * scale for i < n.
+  /// load_scaled / store_scaled (numeric_types.hpp), one element per call here.
   template <class T>
   KOKKOS_INLINE_FUNCTION static void load_span(HostIsa, const T* src, std::size_t stride, float scale, float* dst,
                                                int n) {
-    for (int i = 0; i < n; ++i) dst[i] = to_float(src[i * stride]) * scale;
+    load_scaled(src, stride, scale, dst, n);
   }
-
-  /// dst[i * stride] = from_float<T>(src[i] * factor) for i < n.
   template <class T>
   KOKKOS_INLINE_FUNCTION static void store_span(HostIsa, const float* src, float factor, T* dst, std::size_t stride,
                                                 int n) {
-    for (int i = 0; i < n; ++i) dst[i * stride] = from_float<T>(src[i] * factor);
+    store_scaled(src, factor, dst, stride, n);
   }
 
   /// Value elements per load: 16 bytes, at most 8 slots (so a block of 8 works for every type).

@@ -55,7 +55,7 @@ struct HostRowKernels {
 template <class T>
 HostRowKernels<T> host_row_kernels(HostIsa isa) {
 #ifdef KPA_IMPL_X86_KERNELS
-  if (isa == HostIsa::Avx2 && avx2::has_row_kernels<T>) return {&avx2::load_row<T>, &avx2::store_row<T>};
+  if (isa == HostIsa::Avx2 && is_activation_type_v<T>) return {&avx2::load_row<T>, &avx2::store_row<T>};
 #endif
   (void)isa;
   return {&portable::load_row<T>, &portable::store_row<T>};

@@ -118,16 +118,14 @@ void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin, int d_end) {
   }
 }
 
-/// dst[i] = float(src[i]) * scale for i < n (a query row into scratch).
 template <class T>
 void load_row(const T* src, float scale, float* dst, int n) {
-  for (int i = 0; i < n; ++i) dst[i] = to_float(src[i]) * scale;
+  load_scaled(src, 1, scale, dst, n);
 }
 
-/// dst[i] = T(src[i] * factor) for i < n, rounded as from_float (an output row from scratch).
 template <class T>
 void store_row(const float* src, float factor, T* dst, int n) {
-  for (int i = 0; i < n; ++i) dst[i] = from_float<T>(src[i] * factor);
+  store_scaled(src, factor, dst, 1, n);
 }
 
 }  // namespace portable

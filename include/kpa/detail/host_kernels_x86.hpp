@@ -465,10 +465,6 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin, i
 // ---- Query and output rows ----
 
 template <class T>
-inline constexpr bool has_row_kernels =
-    std::is_same_v<T, float> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
-
-template <class T>
 KPA_IMPL_AVX2 void load_row(const T* src, float scale, float* dst, int n) {
   const __m256 s = _mm256_set1_ps(scale);
   int i = 0;

@@ -43,25 +43,24 @@ struct HostPath {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, rows), [&](int r) { f(r, 0, D); });
   }
 
-  /// dst[i] = float(src[i * stride]) * scale for i < n.
+  /// load_scaled / store_scaled (numeric_types.hpp): contiguous rows through the instruction
+  /// set's row kernels, strided ones element by element.
   template <class T>
   KOKKOS_INLINE_FUNCTION static void load_span(HostIsa isa, const T* src, std::size_t stride, float scale, float* dst,
                                                int n) {
     if (stride == 1) {
       host_row_kernels<T>(isa).load(src, scale, dst, n);
     } else {
-      for (int i = 0; i < n; ++i) dst[i] = to_float(src[i * stride]) * scale;
+      load_scaled(src, stride, scale, dst, n);
     }
   }
-
-  /// dst[i * stride] = from_float<T>(src[i] * factor) for i < n.
   template <class T>
   KOKKOS_INLINE_FUNCTION static void store_span(HostIsa isa, const float* src, float factor, T* dst,
                                                 std::size_t stride, int n) {
     if (stride == 1) {
       host_row_kernels<T>(isa).store(src, factor, dst, n);
     } else {
-      for (int i = 0; i < n; ++i) dst[i * stride] = from_float<T>(src[i] * factor);
+      store_scaled(src, factor, dst, stride, n);
     }
   }
 
