@@ -309,35 +309,56 @@ TEST(HostKernels, RowConversionsMatchTheScalarOnes) {
   }
 }
 
-// Every fp8 code widens to its value in the vector loads (NaN codes to NaN).
-TEST(HostKernels, Fp8CodesWidenExactly) {
-  for (HostIsa isa : isas_here()) {
-    for (int e5m2 = 0; e5m2 < 2; ++e5m2) {
-      for (int code = 0; code < 256; ++code) {
-        // One slot, one head, head size 16: logit = sum of q_d * k_d with q one-hot at d = 3.
-        std::vector<std::uint8_t> keys(16, 0);
-        keys[3] = static_cast<std::uint8_t>(code);
-        std::vector<float> q(16, 0.0f);
-        q[3] = 1.0f;
-        float logit = 0.0f;
-        const float expected = e5m2 ? kpa::to_float(kpa::fp8_e5m2{static_cast<std::uint8_t>(code)})
-                                    : kpa::to_float(kpa::fp8_e4m3{static_cast<std::uint8_t>(code)});
-        if (e5m2) {
-          const auto kernels = kpa::detail::host_kernels<1, kpa::fp8_e5m2>(isa);
-          kernels.block_logits({reinterpret_cast<const kpa::fp8_e5m2*>(keys.data()), 1, 16, 1, q.data(), &logit, 1});
-        } else {
-          const auto kernels = kpa::detail::host_kernels<1, kpa::fp8_e4m3>(isa);
-          kernels.block_logits({reinterpret_cast<const kpa::fp8_e4m3*>(keys.data()), 1, 16, 1, q.data(), &logit, 1});
-        }
+// Every fp8 code widens to its value in the vector loads (NaN codes to NaN), in every lane of
+// the 16 that are widened together, for the keys (q.k) and for the values (p.V) alike.
+template <class S>
+void check_fp8_codes(HostIsa isa) {
+  const auto kernels = kpa::detail::host_kernels<1, S>(isa);
+  constexpr int kHeadSize = 16, kBlockSize = 16;
+  for (int code = 0; code < 256; ++code) {
+    const float expected = kpa::to_float(S{static_cast<std::uint8_t>(code)});
+    for (int lane = 0; lane < 16; ++lane) {
+      // q.k: one slot whose dimension `lane` holds the code; q one-hot there (0 * 0 elsewhere).
+      std::vector<S> keys(kHeadSize, S{0});
+      keys[lane] = S{static_cast<std::uint8_t>(code)};
+      std::vector<float> q(kHeadSize, 0.0f);
+      q[lane] = 1.0f;
+      float logit = -1.0f;
+      kernels.block_logits({keys.data(), 1, kHeadSize, 1, q.data(), &logit, 1});
+      const std::string where = name_of(isa) + " code " + std::to_string(code) + " lane " + std::to_string(lane);
+      if (std::isnan(expected)) {
+        EXPECT_TRUE(std::isnan(logit)) << where;
+      } else {
+        EXPECT_EQ(logit, expected) << where;
+      }
+      // p.V: a block whose row 0 holds the code in slot `lane`, p one-hot there; the block full
+      // (whole rows widened) and filled up to `lane` (a masked last vector).
+      std::vector<S> values(kHeadSize * kBlockSize, S{0});
+      values[lane] = S{static_cast<std::uint8_t>(code)};
+      std::vector<float> probs(kBlockSize, 0.0f);
+      probs[lane] = 1.0f;
+      const int block_id = 0;
+      const float weight = 1.0f;
+      for (int last : {kBlockSize, lane + 1}) {
+        std::vector<float> o(kHeadSize, 0.0f);
+        kernels.chunk_values({values.data(), kHeadSize * kBlockSize, &block_id, 1, last, kBlockSize, kHeadSize,
+                              probs.data(), kBlockSize, &weight, o.data()},
+                             0, kHeadSize);
         if (std::isnan(expected)) {
-          EXPECT_TRUE(std::isnan(logit)) << name_of(isa) << " code " << code << " e5m2 " << e5m2;
-        } else if (std::isinf(expected)) {
-          EXPECT_EQ(logit, expected) << name_of(isa) << " code " << code;  // 0 * inf elsewhere would be NaN: q is 0 there
+          EXPECT_TRUE(std::isnan(o[0])) << where << " last " << last;
         } else {
-          EXPECT_EQ(logit, expected) << name_of(isa) << " code " << code << " e5m2 " << e5m2;
+          EXPECT_EQ(o[0], expected) << where << " last " << last;
         }
+        for (int d = 1; d < kHeadSize; ++d) EXPECT_EQ(o[d], 0.0f) << where << " last " << last << " d " << d;
       }
     }
+  }
+}
+
+TEST(HostKernels, Fp8CodesWidenExactly) {
+  for (HostIsa isa : isas_here()) {
+    check_fp8_codes<kpa::fp8_e4m3>(isa);
+    check_fp8_codes<kpa::fp8_e5m2>(isa);
   }
 }
 
