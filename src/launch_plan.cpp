@@ -21,6 +21,12 @@ namespace {
 // Below this many tokens a partition's fixed costs (loading the query, the reduce kernel's
 // extra pass) outweigh the parallelism it adds.
 constexpr int kMinAutoPartitionTokens = 256;
+// On hosts, the automatic entry point's partitions hold at most this many tokens, however few
+// the sequences: the tiles of one stretch of blocks (its kv heads) then run one after another
+// while the stretch's page-table entries are cached. One 100K-token sequence per kv head read
+// 20-25% slower than 64 sequences of 1.5K (the paged-read probe: 15-17 against 20-21 GB/s);
+// partitions of 2048-8192 tokens brought it to within 1.15x per token.
+constexpr int kHostMaxPartitionTokens = 4096;
 // Tokens per chunk: the host path keeps a chunk's logits in L1; the device path amortises the
 // chunk's team reduction and barriers over more tokens.
 constexpr int kHostChunkTokens = 128;
@@ -70,21 +76,25 @@ int rows_per_pass_for(int rows, const std::array<int, N>& candidates) {
 
 /// Tokens per partition for the automatic entry point: one partition when the (sequence,
 /// kv head) pairs already fill the league, else split sequences into partitions of at least
-/// kMinAutoPartitionTokens until they do. On GPUs the partition count is then chosen so the
-/// tiles fill whole waves of the league (no tail wave leaving most teams idle).
+/// kMinAutoPartitionTokens until they do. On hosts no partition exceeds kHostMaxPartitionTokens;
+/// on GPUs the partition count is chosen so the tiles fill whole waves of the league (no tail
+/// wave leaving most teams idle).
 int auto_partition_size(const DeviceProfile& profile, const ProblemShape& shape, long long league_bound) {
   const long long sequence_tiles = static_cast<long long>(shape.num_seqs) * shape.num_kv_heads;
   const long long sequence_tokens = round_up(std::max(shape.attended_span(), 1LL), shape.block_size);
   const long long min_tokens = round_up(kMinAutoPartitionTokens, shape.block_size);
+  const long long host_max_tokens = round_up(kHostMaxPartitionTokens, shape.block_size);
   if (sequence_tiles == 0 || sequence_tiles >= league_bound || sequence_tokens <= min_tokens) {
-    return static_cast<int>(sequence_tokens);
+    return static_cast<int>(profile.is_gpu ? sequence_tokens : std::min(sequence_tokens, host_max_tokens));
   }
   const long long max_parts = ceil_div(sequence_tokens, min_tokens);
   const long long wanted = std::min(max_parts, ceil_div(league_bound, sequence_tiles));
   auto partition_for = [&](long long parts) {
     return std::max(min_tokens, round_up(ceil_div(sequence_tokens, parts), shape.block_size));
   };
-  if (!profile.is_gpu) return static_cast<int>(partition_for(wanted));  // dynamic scheduling evens out tails
+  if (!profile.is_gpu) {  // dynamic scheduling evens out tails
+    return static_cast<int>(std::min(partition_for(wanted), host_max_tokens));
+  }
   long long best_tokens = partition_for(wanted);
   double best_efficiency = -1.0;
   // Fewer partitions than `wanted` leave some teams idle in one wave; more may fill two waves.

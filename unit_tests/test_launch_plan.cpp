@@ -183,6 +183,30 @@ TEST(LaunchPlan, SlidingWindowPlansTheWindow) {
   EXPECT_EQ(kpa::plan_launch(host, s, options).num_partitions, 196);
 }
 
+// On a host, automatic partitions hold at most 4096 tokens (rounded up to whole blocks) even
+// where the sequences alone fill the league, so a team reads the kv heads of one stretch of
+// blocks in turn; shorter sequences keep one partition. GPUs size partitions by waves instead.
+TEST(LaunchPlan, HostPartitionsStayShort) {
+  const auto host = kpa::DeviceProfile::host(2);
+  const auto long_one = kpa::plan_launch(host, shape(1, 32, 8, 100000));
+  EXPECT_EQ(long_one.partition_size, 4096);
+  EXPECT_EQ(long_one.num_partitions, 25);
+  EXPECT_EQ(long_one.tiles, 25 * 8);
+  EXPECT_EQ(kpa::plan_launch(host, shape(64, 32, 8, 100000)).partition_size, 4096);  // many sequences too
+  const auto odd_blocks = kpa::plan_launch(host, shape(1, 32, 8, 100000, 48));
+  EXPECT_EQ(odd_blocks.partition_size, 4128);  // 86 blocks of 48
+  EXPECT_EQ(odd_blocks.num_partitions, 25);
+  for (int len : {1536, 4096}) {
+    const auto plan = kpa::plan_launch(host, shape(64, 32, 8, len));
+    EXPECT_TRUE(plan.single_partition) << len;
+    EXPECT_EQ(plan.partition_size, len);
+  }
+  EXPECT_GT(kpa::plan_launch(kpa::DeviceProfile::bi_v100(), shape(1, 32, 8, 100000)).partition_size, 4096);
+  kpa::PlanOptions options;  // an explicit partition size is kept
+  options.partition_size = 16384;
+  EXPECT_EQ(kpa::plan_launch(host, shape(1, 32, 8, 100000), options).partition_size, 16384);
+}
+
 /// The share of a league's wave slots the tiles fill.
 double wave_efficiency(const kpa::LaunchPlan& plan, int league) {
   const int waves = (plan.tiles + league - 1) / league;
