@@ -5,6 +5,7 @@
 #include <kpa/detail/softmax_state.hpp>
 #include <kpa/launch_plan.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -30,6 +31,30 @@ TEST(SoftmaxState, MergingEmptyStatesGivesAnEmptyStateWithoutNaN) {
   d.merge(SoftmaxState{-1.0f, 2.0f});
   EXPECT_EQ(d.max_logit, -1.0f);
   EXPECT_EQ(d.exp_sum, 2.0f);
+}
+
+// The log-sum-exp of the logits folded in, against float64; no logit: -inf; a NaN sum: NaN.
+TEST(SoftmaxState, LogSumExpOfTheLogitsFoldedIn) {
+  EXPECT_EQ(SoftmaxState{}.log_sum_exp(), -HUGE_VALF);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> logit(-30.0f, 30.0f);
+  for (int n = 1; n <= 40; ++n) {
+    SoftmaxState state;
+    std::vector<float> logits(n);
+    double max = -HUGE_VAL;
+    for (float& l : logits) {
+      l = logit(rng);
+      state.add(l);
+      max = std::max(max, static_cast<double>(l));
+    }
+    double sum = 0.0;
+    for (float l : logits) sum += std::exp(l - max);
+    EXPECT_NEAR(state.log_sum_exp(), max + std::log(sum), 1e-5 * (1 + std::fabs(max))) << n;
+  }
+  SoftmaxState corrupt;
+  corrupt.add(1.0f);
+  corrupt.add(std::nanf(""));
+  EXPECT_TRUE(std::isnan(corrupt.log_sum_exp()));
 }
 
 TEST(SoftmaxState, MergeEqualsTheSoftmaxOfTheUnion) {

@@ -62,7 +62,7 @@ struct FinalRow {
     float weight = 1.0f;
     if (has_sink) weight = state.merge(SoftmaxState{sink, 1.0f}).self;
     out_factor = state.exp_sum == 0.0f ? 0.0f : weight * value_scale / state.exp_sum;
-    lse = state.exp_sum == 0.0f ? -compat::infinity() : state.max_logit + compat::log(state.exp_sum);
+    lse = state.log_sum_exp();
   }
 };
 
@@ -372,7 +372,6 @@ struct PartitionReduceKernel {
           },
           SoftmaxReducer<Space>(total));
       // The sink joins the denominator only: it lowers every partition's share.
-      const FinalRow row(total, geo.variant.sinks, geo.variant.sinks ? sinks(head) : 0.0f, 1.0f);
       if (geo.variant.sinks) total.merge(SoftmaxState{sinks(head), 1.0f});
       Kokkos::parallel_for(Kokkos::TeamVectorRange(member, partitions), [&](int p) {
         shares(p) = total.share_of(SoftmaxState{max_logits(token, head, p), exp_sums(token, head, p)});
@@ -383,7 +382,7 @@ struct PartitionReduceKernel {
         for (int p = 0; p < partitions; ++p) acc += shares(p) * to_float(tmp_out(token, head, p, d));
         out(token, head, d) = from_float<T>(acc);
       });
-      if (lse.extent(0) > 0) Kokkos::single(Kokkos::PerTeam(member), [&]() { lse(token, head) = row.lse; });
+      if (lse.extent(0) > 0) Kokkos::single(Kokkos::PerTeam(member), [&]() { lse(token, head) = total.log_sum_exp(); });
       member.team_barrier();
     }
   }

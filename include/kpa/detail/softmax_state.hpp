@@ -56,6 +56,12 @@ struct SoftmaxState {
     }
   }
 
+  /// max + log(sum): the log-sum-exp of the logits folded in; -inf when none was (sum 0), NaN
+  /// for a NaN sum.
+  KOKKOS_INLINE_FUNCTION float log_sum_exp() const {
+    return exp_sum == 0.0f ? -compat::infinity() : max_logit + compat::log(exp_sum);
+  }
+
   /// Weight of a partial result (m, s) whose o is normalised (o / s) in the merged whole:
   /// s * exp(m - M) / S. This is how the v2 reduce combines per-partition outputs.
   KOKKOS_INLINE_FUNCTION float share_of(const SoftmaxState& part) const {
