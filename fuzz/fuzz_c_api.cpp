@@ -1,7 +1,7 @@
 // libFuzzer target over the C ABI (kpa.h). Each input is decoded into one call (v1, v2, the
-// automatic entry point or reshape_and_cache) with fuzzed shapes, dtypes, lengths, block tables,
-// scales, ALiBi and block-sparse parameters, over buffers laid out exactly as the call declares
-// them. The only allowed outcomes are:
+// automatic entry point, its _ex form with the variants, or reshape_and_cache) with fuzzed shapes,
+// dtypes, lengths, block tables, scales, ALiBi, block-sparse parameters, soft cap, sliding window,
+// sinks and the LSE output, over buffers laid out exactly as the call declares them. The only allowed outcomes are:
 //   - an error status with a message, exactly when the arguments break the documented contract
 //     (the oracle below is written from kpa.h and the README, apart from the library's checks);
 //   - success, with every output equal to a float64 reference written here within the dtype's
@@ -61,7 +61,7 @@ void store(std::vector<std::uint8_t>& bytes, std::size_t i, int dtype, float v) 
 }
 
 struct Call {
-  int entry;  // 0 v1, 1 v2, 2 auto, 3 reshape_and_cache
+  int entry;  // 0 v1, 1 v2, 2 auto, 3 reshape_and_cache, 4 auto through kpa_paged_attention_ex
   int dtype, cache_dtype;
   int64_t seqs, heads, kv_heads, head, blocks, block, columns, max_seq_len;
   std::vector<int32_t> seq_lens, tables;
@@ -72,19 +72,27 @@ struct Call {
   int tp_rank;
   int64_t partition, partitions;  // v2
   bool check_indices;
+  // kpa_paged_attention_ex (entry 4): one query token per sequence.
+  bool bad_struct_size = false;
+  float soft_cap = 0.0f;
+  int window = 0;
+  std::vector<float> sinks;  // empty: none
+  bool lse = false;
 };
 
 void describe(const Call& c) {
   std::fprintf(stderr,
                "  entry %d dtype %d cache_dtype %d seqs %lld heads %lld kv_heads %lld head %lld blocks %lld block %lld "
                "columns %lld max_seq_len %lld\n  scale %g k_scale %g v_scale %g alibi %d sparse %d (local %d stride %d "
-               "block %d step %d) tp_rank %d partition %lld partitions %lld check_indices %d\n  seq_lens",
+               "block %d step %d) tp_rank %d partition %lld partitions %lld check_indices %d\n  ex %d (struct_size "
+               "%s) soft_cap %g window %d sinks %d lse %d\n  seq_lens",
                c.entry, c.dtype, c.cache_dtype, static_cast<long long>(c.seqs), static_cast<long long>(c.heads),
                static_cast<long long>(c.kv_heads), static_cast<long long>(c.head), static_cast<long long>(c.blocks),
                static_cast<long long>(c.block), static_cast<long long>(c.columns),
                static_cast<long long>(c.max_seq_len), c.scale, c.k_scale, c.v_scale, c.alibi, c.sparse,
                c.pattern.local_blocks, c.pattern.vert_stride, c.pattern.block_size, c.pattern.head_sliding_step,
-               c.tp_rank, static_cast<long long>(c.partition), static_cast<long long>(c.partitions), c.check_indices);
+               c.tp_rank, static_cast<long long>(c.partition), static_cast<long long>(c.partitions), c.check_indices,
+               c.entry == 4, c.bad_struct_size ? "wrong" : "right", c.soft_cap, c.window, !c.sinks.empty(), c.lse);
   for (int32_t len : c.seq_lens) std::fprintf(stderr, " %d", len);
   std::fprintf(stderr, "\n  tables");
   for (int32_t id : c.tables) std::fprintf(stderr, " %d", id);
@@ -117,6 +125,7 @@ bool valid(const Call& c) {
     if (c.partition < 1 || c.partition % c.block != 0) return false;
     if (c.partitions < (c.max_seq_len + c.partition - 1) / c.partition) return false;
   }
+  if (c.entry == 4 && (c.bad_struct_size || !(std::isfinite(c.soft_cap) && c.soft_cap >= 0) || c.window < 0)) return false;
   return true;
 }
 
@@ -133,7 +142,7 @@ bool attends(const Call& c, int64_t s, int64_t h, int64_t t) {
 
 void check_attention(const Call& c, const std::vector<std::uint8_t>& query, const std::vector<std::uint8_t>& keys,
                      const std::vector<std::uint8_t>& values, const std::vector<float>& slopes,
-                     const std::vector<std::uint8_t>& out) {
+                     const std::vector<std::uint8_t>& out, const std::vector<float>& lse) {
   const int x = 16 / element_size(c.cache_dtype);
   const double k_scale = is_fp8(c.cache_dtype) ? c.k_scale : 1.0, v_scale = is_fp8(c.cache_dtype) ? c.v_scale : 1.0;
   const double tolerance = c.dtype == KPA_F32 ? 1e-4 : c.dtype == KPA_F16 ? 3e-3 : 2e-2;
@@ -144,6 +153,7 @@ void check_attention(const Call& c, const std::vector<std::uint8_t>& query, cons
       double m = -HUGE_VAL, sum = 0;
       for (int64_t t = 0; t < len; ++t) {
         if (!attends(c, s, h, t)) continue;
+        if (c.window > 0 && t <= len - 1 - c.window) continue;  // the decode row is at len - 1
         const int64_t block = c.tables[s * c.columns + t / c.block], slot = t % c.block;
         double dot = 0;
         for (int64_t d = 0; d < c.head; ++d) {
@@ -151,9 +161,12 @@ void check_attention(const Call& c, const std::vector<std::uint8_t>& query, cons
           dot += static_cast<double>(load(query, (s * c.heads + h) * c.head + d, c.dtype)) *
                  load(keys, k, c.cache_dtype) * k_scale;
         }
-        logits[t] = c.scale * dot + (c.alibi ? slopes[h] * static_cast<double>(t - len + 1) : 0.0);
+        double logit = c.scale * dot;
+        if (c.soft_cap > 0) logit = c.soft_cap * std::tanh(logit / c.soft_cap);  // before ALiBi
+        logits[t] = logit + (c.alibi ? slopes[h] * static_cast<double>(t - len + 1) : 0.0);
         m = std::fmax(m, logits[t]);
       }
+      if (!c.sinks.empty()) m = std::fmax(m, c.sinks[h]);
       for (int64_t t = 0; t < len; ++t) {
         if (logits[t] == -HUGE_VAL) continue;
         const int64_t block = c.tables[s * c.columns + t / c.block], slot = t % c.block;
@@ -161,6 +174,15 @@ void check_attention(const Call& c, const std::vector<std::uint8_t>& query, cons
         sum += w;
         for (int64_t d = 0; d < c.head; ++d) {
           o[d] += w * load(values, ((block * c.kv_heads + g) * c.head + d) * c.block + slot, c.cache_dtype) * v_scale;
+        }
+      }
+      if (!c.sinks.empty()) sum += std::exp(c.sinks[h] - m);  // the sink joins the denominator only
+      if (c.lse) {
+        const double ref = sum == 0 ? -HUGE_VAL : m + std::log(sum);
+        const double got = lse[s * c.heads + h];
+        if (std::isnan(ref) != std::isnan(got)) fail("LSE NaN differs from the reference", got, ref);
+        if (!std::isnan(ref) && !(got == ref || std::fabs(got - ref) <= 1e-3 * (1 + std::fabs(ref)))) {
+          fail("LSE differs from the reference", got, ref);
         }
       }
       for (int64_t d = 0; d < c.head; ++d) {
@@ -186,7 +208,17 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   FuzzedDataProvider in(data, size);
   Call c;
-  c.entry = in.ConsumeIntegralInRange(0, 3);
+  c.entry = in.ConsumeIntegralInRange(0, 4);
+  bool sinks = false;
+  if (c.entry == 4) {  // the variants first: short inputs reach them too
+    c.bad_struct_size = in.ConsumeIntegralInRange(0, 15) == 15;
+    const float caps[] = {0.0f, 0.0f, 1.0f, 5.0f, 30.0f, -1.0f, std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN()};
+    c.soft_cap = in.ConsumeBool() ? in.ConsumeFloatingPointInRange(0.05f, 50.0f) : in.PickValueInArray(caps);
+    c.window = in.ConsumeIntegralInRange(0, 3) == 3 ? in.ConsumeIntegralInRange(-2, 40) : 0;
+    sinks = in.ConsumeBool();
+    c.lse = in.ConsumeBool();
+  }
   c.dtype = in.ConsumeIntegralInRange(0, 3);  // 3 is not an activation type
   c.cache_dtype = in.ConsumeBool() ? c.dtype : in.ConsumeIntegralInRange(0, 5);
   c.seqs = in.ConsumeIntegralInRange(0, 4);
@@ -229,6 +261,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   current = &c;
   std::mt19937 rng(in.ConsumeIntegral<std::uint32_t>());
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  if (sinks) {
+    c.sinks.resize(std::max<int64_t>(c.heads, 0));
+    for (float& sink : c.sinks) sink = 3.0f * uniform(rng);
+  }
 
   const int cache = element_size(c.cache_dtype);
   const int x = 16 / cache;
@@ -273,6 +309,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   int status = KPA_OK;
   const kpa_block_sparse* sparse = c.sparse ? &c.pattern : nullptr;
   const float* alibi = c.alibi ? slopes.data() : nullptr;
+  std::vector<float> lse(std::max<int64_t>(c.seqs * c.heads, 0) + 1, 12345.0f);
   if (c.entry == 0) {
     status = kpa_paged_attention_v1(out.data(), query.data(), static_cast<kpa_dtype>(c.dtype), keys.data(), values.data(),
                                     static_cast<kpa_dtype>(c.cache_dtype), c.seqs, c.heads, c.kv_heads, c.head, c.blocks,
@@ -287,6 +324,25 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                     static_cast<kpa_dtype>(c.cache_dtype), c.seqs, c.heads, c.kv_heads, c.head, c.blocks,
                                     c.block, c.tables.data(), c.columns, c.seq_lens.data(), c.max_seq_len, c.scale, alibi,
                                     c.k_scale, c.v_scale, c.tp_rank, sparse);
+  } else if (c.entry == 4) {
+    kpa_attention_options options;
+    kpa_attention_options_init(&options);
+    if (c.bad_struct_size) options.struct_size -= 8;
+    options.scale = c.scale;
+    options.k_scale = c.k_scale;
+    options.v_scale = c.v_scale;
+    options.tp_rank = c.tp_rank;
+    options.block_sparse = sparse;
+    options.alibi_slopes = alibi;
+    options.logits_soft_cap = c.soft_cap;
+    options.sliding_window = c.window;
+    options.sinks = c.sinks.empty() ? nullptr : c.sinks.data();
+    options.lse = c.lse ? lse.data() : nullptr;
+    options.check_indices = c.check_indices || !expect_ok ? 1 : 0;
+    status = kpa_paged_attention_ex(out.data(), query.data(), static_cast<kpa_dtype>(c.dtype), keys.data(),
+                                    values.data(), static_cast<kpa_dtype>(c.cache_dtype), c.seqs, c.heads, c.kv_heads,
+                                    c.head, c.blocks, c.block, c.tables.data(), c.columns, c.seq_lens.data(),
+                                    c.max_seq_len, &options);
   } else if (c.entry == 2) {
     status = kpa_paged_attention(out.data(), query.data(), static_cast<kpa_dtype>(c.dtype), keys.data(), values.data(),
                                  static_cast<kpa_dtype>(c.cache_dtype), c.seqs, c.heads, c.kv_heads, c.head, c.blocks,
@@ -342,6 +398,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (kpa_last_error()[0] == '\0') fail("an error without a message");
     return 0;
   }
-  check_attention(c, query, keys, values, slopes, out);
+  check_attention(c, query, keys, values, slopes, out, lse);
   return 0;
 }
