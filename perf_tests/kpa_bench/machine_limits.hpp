@@ -159,7 +159,7 @@ MachineLimits measure_machine_limits(const Space& space) {
       KOKKOS_LAMBDA(std::int64_t i) { buffer(i) = static_cast<float>(i & 7); });
   float total = 0.0f;
   constexpr bool host = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible;
-  int width = 0;
+  [[maybe_unused]] int width = 0;  // read only where the x86 probes are compiled
 #ifdef KPA_IMPL_X86_KERNELS
   if constexpr (host) width = x86::probe_width();
 #endif
