@@ -19,6 +19,9 @@
 # - --cuda: Kokkos (Serial + OpenMP + CUDA, architecture KPA_CUDA_ARCH, default AMPERE80) with
 #   scripts/patches/kokkos-3.4.1-cuda13.patch applied, built into PREFIX once (about 6 MB);
 #   nvcc must be on PATH or in /usr/local/cuda/bin. Kokkos Kernels is not built for it.
+#   KPA_CUDA_EXTRA_SM=90 adds machine code for sm_90 to Kokkos' own library: Kokkos 3.4.1 knows
+#   no newer architecture than Ampere, and Kokkos::initialize aborts when its probe kernel runs
+#   as PTX compiled for another major version (sm_80 PTX on an H100/H200, say).
 # - --python: python3-torch, libtorch-dev, pytest, venv, pip, wheel, setuptools, ninja.
 # - --clang: clang and its sanitizer and libFuzzer runtimes from the distribution, and Kokkos
 #   (Serial only: clang's OpenMP runtime is not the one the host prefix links) built with clang.
@@ -37,6 +40,7 @@ prefix=${1:-$repo/.deps/install$([ "$mode" = host ] || echo "-$mode")}
 src=$repo/.deps/src
 work=$repo/.deps/work-$mode
 cuda_arch=${KPA_CUDA_ARCH:-AMPERE80}
+cuda_extra_sm=${KPA_CUDA_EXTRA_SM:-}
 log() { printf '[kpa deps] %s\n' "$*" >&2; }
 
 as_root() {
@@ -139,8 +143,12 @@ build_clang() {
 
 build_cuda() {
   command -v nvcc >/dev/null || { log "nvcc is not on PATH or in /usr/local/cuda/bin"; exit 1; }
-  log "building Kokkos (Serial, OpenMP, CUDA $cuda_arch) into $prefix"
+  log "building Kokkos (Serial, OpenMP, CUDA $cuda_arch${cuda_extra_sm:+ +sm_$cuda_extra_sm}) into $prefix"
   local jobs; jobs=$(nproc)
+  # Kokkos' nvcc_wrapper takes one -arch; nvcc appends this variable to every command line.
+  if [ -n "$cuda_extra_sm" ]; then
+    export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -gencode=arch=compute_$cuda_extra_sm,code=sm_$cuda_extra_sm"
+  fi
   rm -rf "$work"; mkdir -p "$work"
   cp -r "$src/kokkos" "$work/kokkos"
   local patch_file=$repo/scripts/patches/kokkos-3.4.1-cuda13.patch
@@ -156,7 +164,7 @@ build_cuda() {
     -DKokkos_ARCH_"$cuda_arch"=ON -DBUILD_SHARED_LIBS=ON >&2
   cmake --build "$work/build-kokkos" -j "$jobs" >&2
   cmake --install "$work/build-kokkos" >&2
-  echo "cuda $cuda_arch" > "$prefix/.kpa-deps-complete"
+  echo "cuda $cuda_arch${cuda_extra_sm:+ +sm_$cuda_extra_sm}" > "$prefix/.kpa-deps-complete"
   rm -rf "$work"
 }
 
@@ -174,7 +182,7 @@ if [ "${KPA_SKIP_KOKKOS:-0}" = 1 ]; then
   exit 0
 fi
 case "$mode" in
-  cuda) wanted="cuda $cuda_arch" ;;
+  cuda) wanted="cuda $cuda_arch${cuda_extra_sm:+ +sm_$cuda_extra_sm}" ;;
   *) wanted=$mode ;;
 esac
 if [ -f "$prefix/.kpa-deps-complete" ] && [ "$(cat "$prefix/.kpa-deps-complete")" = "$wanted" ]; then

@@ -2,7 +2,9 @@
 an fp8 (E4M3) cache filled by kpa_reshape_and_cache, every attention entry point against a float64
 numpy reference, and the error paths.
 
-    python3 test_c_api.py /path/to/libkpa.so
+    python3 test_c_api.py /path/to/libkpa.so           a host build: numpy's host pointers
+    python3 test_c_api.py /path/to/libkpa.so --cuda    a CUDA build: every array goes to the GPU
+                                                       through torch, each call gets device pointers
 """
 import ctypes
 import sys
@@ -42,6 +44,57 @@ for name in ("kpa_paged_attention_v1", "kpa_paged_attention_v2", "kpa_paged_atte
              "kpa_set_check_indices", "kpa_paged_attention_ex", "kpa_merge_attn_states"):
     getattr(lib, name).restype = I
 
+
+class DeviceCopies:
+    """--cuda: ptr() hands kpa a CUDA copy of the array (kept alive, since an argument list may be
+    reused); after each call the copies made for it, on this thread, are read back into their arrays."""
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self.alive = []
+        self.lock = threading.Lock()
+        self.local = threading.local()
+
+    def ptr(self, array):
+        tensor = self.torch.from_numpy(np.ascontiguousarray(array)).cuda()
+        with self.lock:
+            self.alive.append(tensor)
+        self.pending().append((array, tensor))
+        return tensor.data_ptr()
+
+    def pending(self):
+        if not hasattr(self.local, "pending"):
+            self.local.pending = []
+        return self.local.pending
+
+    def read_back(self):
+        self.torch.cuda.synchronize()
+        for array, tensor in self.pending():
+            array[...] = tensor.cpu().numpy()
+        self.pending().clear()
+
+
+class CallsThenReadsBack:
+    """The library, each of whose calls is followed by DeviceCopies.read_back()."""
+
+    def __init__(self, cdll, copies):
+        self.cdll, self.copies = cdll, copies
+
+    def __getattr__(self, name):
+        function = getattr(self.cdll, name)
+
+        def call(*args):
+            status = function(*args)
+            self.copies.read_back()
+            return status
+        return call
+
+
+device = DeviceCopies() if "--cuda" in sys.argv[2:] else None
+if device is not None:
+    lib = CallsThenReadsBack(lib, device)
+
 passed = failed = 0
 
 
@@ -55,7 +108,9 @@ def check(condition, what):
 
 
 def ptr(array):
-    return array.ctypes.data_as(ctypes.c_void_p) if array is not None else None
+    if array is None:
+        return None
+    return device.ptr(array) if device is not None else array.ctypes.data_as(ctypes.c_void_p)
 
 
 rng = np.random.default_rng(7)
