@@ -1,5 +1,6 @@
 // libFuzzer target over the C ABI (kpa.h). Each input is decoded into one call (v1, v2, the
-// automatic entry point, its _ex form with the variants, or reshape_and_cache) with fuzzed shapes,
+// automatic entry point, its _ex form with the variants, reshape_and_cache, copy_blocks or
+// swap_blocks; see fuzz_block_copies for the last two) with fuzzed shapes,
 // dtypes, lengths, block tables, scales, ALiBi, block-sparse parameters, soft cap, sliding window,
 // sinks and the LSE output, over buffers laid out exactly as the call declares them. The only allowed outcomes are:
 //   - an error status with a message, exactly when the arguments break the documented contract
@@ -197,6 +198,120 @@ void check_attention(const Call& c, const std::vector<std::uint8_t>& query, cons
   }
 }
 
+/// kpa_copy_blocks (swap false) and kpa_swap_blocks (swap true) with fuzzed layer and block
+/// counts, block sizes, dtype or memory kinds, NULL pointers and mappings over random bytes. The
+/// contract (kpa.h and the C ABI's checks): counts >= 0, a block size >= 1, a known dtype or
+/// memory kind, no NULL pointer where there is something to read, every mapping entry inside its
+/// cache; copy_blocks with no layers has nothing to copy and succeeds without reading the mapping.
+/// On success every destination block is its source block bit for bit and every other byte is
+/// unchanged (when some destination is another pair's source, or two pairs share a destination,
+/// the order is unspecified: then only the bytes outside the destinations are compared); on an
+/// error nothing changed.
+void fuzz_block_copies(FuzzedDataProvider& in, bool swap) {
+  const int64_t layers = swap ? 1 : in.ConsumeIntegralInRange<int64_t>(-1, 3);
+  const int dtype = in.ConsumeIntegralInRange(0, 7) == 0 ? in.ConsumeIntegralInRange(-1, 6) : in.ConsumeIntegralInRange(0, 4);
+  const int64_t src_blocks = in.ConsumeIntegralInRange<int64_t>(-1, 12);
+  const int64_t dst_blocks = swap ? in.ConsumeIntegralInRange<int64_t>(-1, 12) : src_blocks;
+  const int64_t block_elems = in.ConsumeIntegralInRange(0, 15) == 0 ? in.ConsumeIntegralInRange<int64_t>(-2, 0)
+                                                                     : in.ConsumeIntegralInRange<int64_t>(1, 40);
+  const int64_t pairs = in.ConsumeIntegralInRange<int64_t>(-1, 6);
+  auto memory_kind = [&] {
+    return in.ConsumeIntegralInRange(0, 7) == 0 ? in.ConsumeIntegralInRange(-1, 3) : in.ConsumeIntegralInRange(0, 1);
+  };
+  const int src_memory = swap ? memory_kind() : 0, dst_memory = swap ? memory_kind() : 0;
+  const int null_at = in.ConsumeIntegralInRange(0, 15) == 0 ? in.ConsumeIntegralInRange(0, 3) : -1;
+  std::vector<int64_t> mapping(std::max<int64_t>(pairs, 0) * 2);
+  for (std::size_t i = 0; i < mapping.size(); ++i) {
+    const int64_t blocks = i % 2 == 0 ? src_blocks : dst_blocks;
+    mapping[i] = in.ConsumeIntegralInRange(0, 15) == 0 ? in.ConsumeIntegralInRange<int64_t>(-2, blocks + 1)
+                                                        : in.ConsumeIntegralInRange<int64_t>(0, std::max<int64_t>(blocks - 1, 0));
+  }
+
+  const int64_t bytes_per_block = swap ? std::max<int64_t>(block_elems, 0)
+                                       : std::max<int64_t>(block_elems, 0) * (dtype >= 0 && dtype <= 4 ? element_size(dtype) : 1);
+  const int64_t caches = swap ? 2 : 2 * std::max<int64_t>(layers, 0);  // swap: src, dst; copy: keys, values per layer
+  std::vector<std::vector<std::uint8_t>> buffers(caches);
+  std::mt19937 rng(in.ConsumeIntegral<std::uint32_t>());
+  for (int64_t b = 0; b < caches; ++b) {
+    const int64_t blocks = swap && b == 1 ? dst_blocks : src_blocks;
+    buffers[b].resize(std::max<int64_t>(blocks, 0) * bytes_per_block + 1);  // never empty: data() is not NULL
+    for (std::uint8_t& byte : buffers[b]) byte = static_cast<std::uint8_t>(rng());
+  }
+  const std::vector<std::vector<std::uint8_t>> before = buffers;
+
+  bool in_range = true;
+  for (std::size_t i = 0; i < mapping.size(); ++i) {
+    in_range = in_range && mapping[i] >= 0 && mapping[i] < (i % 2 == 0 ? src_blocks : dst_blocks);
+  }
+  int status;
+  bool expect_ok;
+  if (swap) {
+    const void* src = null_at == 0 ? nullptr : buffers[0].data();
+    void* dst = null_at == 1 ? nullptr : buffers[1].data();
+    const int64_t* map = null_at == 2 ? nullptr : mapping.data();
+    expect_ok = src_blocks >= 0 && dst_blocks >= 0 && block_elems >= 1 && pairs >= 0 && src_memory >= 0 &&
+                src_memory <= 1 && dst_memory >= 0 && dst_memory <= 1 && (src != nullptr || src_blocks == 0) &&
+                (dst != nullptr || dst_blocks == 0) && (map != nullptr || pairs == 0) && in_range;
+    status = kpa_swap_blocks(src, static_cast<kpa_memory>(src_memory), src_blocks, dst, static_cast<kpa_memory>(dst_memory),
+                             dst_blocks, block_elems, map, pairs);
+  } else {
+    std::vector<void*> keys, values;
+    for (int64_t l = 0; l < std::max<int64_t>(layers, 0); ++l) {
+      keys.push_back(buffers[2 * l].data());
+      values.push_back(buffers[2 * l + 1].data());
+    }
+    if (null_at == 3 && layers > 0) values.back() = nullptr;
+    const bool layer_null = null_at == 3 && layers > 0;
+    void* const* key_list = null_at == 0 || keys.empty() ? nullptr : keys.data();
+    void* const* value_list = null_at == 1 || values.empty() ? nullptr : values.data();
+    const int64_t* map = null_at == 2 ? nullptr : mapping.data();
+    expect_ok = layers >= 0 && src_blocks >= 0 && block_elems >= 1 && pairs >= 0 && dtype >= 0 && dtype <= 4 &&
+                (map != nullptr || pairs == 0) &&
+                (layers == 0 || (key_list != nullptr && value_list != nullptr && (!layer_null || src_blocks == 0) &&
+                                 in_range));
+    status = kpa_copy_blocks(key_list, value_list, layers, static_cast<kpa_dtype>(dtype), src_blocks, block_elems, map,
+                             pairs);
+  }
+  if ((status == KPA_OK) != expect_ok) {
+    std::fprintf(stderr, "  %s layers %lld dtype %d blocks %lld -> %lld elems %lld pairs %lld memory %d -> %d null %d\n",
+                 swap ? "swap_blocks" : "copy_blocks", static_cast<long long>(layers), dtype,
+                 static_cast<long long>(src_blocks), static_cast<long long>(dst_blocks),
+                 static_cast<long long>(block_elems), static_cast<long long>(pairs), src_memory, dst_memory, null_at);
+    fail("block copy status against the contract", status, expect_ok);
+  }
+  if (status != KPA_OK) {
+    if (kpa_last_error()[0] == '\0') fail("an error without a message");
+    if (buffers != before) fail("a failed block copy changed a cache");
+    return;
+  }
+  // The expected caches: each destination block from the source's bytes before the call.
+  std::vector<std::vector<std::uint8_t>> expected = before;
+  std::vector<char> written(std::max<int64_t>(dst_blocks, 0), 0);
+  bool ordered = true;  // no destination is another pair's source or another pair's destination
+  for (int64_t i = 0; i < std::max<int64_t>(pairs, 0) && layers != 0; ++i) {
+    const int64_t dst = mapping[2 * i + 1];
+    ordered = ordered && !written[dst];
+    written[dst] = 1;
+    for (int64_t j = 0; j < pairs && !swap; ++j) ordered = ordered && (j == i || mapping[2 * j] != dst);
+  }
+  for (int64_t b = swap ? 1 : 0; b < caches; b += swap ? 2 : 1) {
+    const std::vector<std::uint8_t>& source = swap ? before[0] : before[b];
+    for (int64_t i = 0; i < std::max<int64_t>(pairs, 0) && layers != 0; ++i) {
+      std::memcpy(&expected[b][mapping[2 * i + 1] * bytes_per_block], &source[mapping[2 * i] * bytes_per_block],
+                  bytes_per_block);
+    }
+    for (int64_t block = 0; block < (swap ? dst_blocks : src_blocks); ++block) {
+      if (!ordered && written[block]) continue;
+      if (std::memcmp(&buffers[b][block * bytes_per_block], &expected[b][block * bytes_per_block], bytes_per_block) != 0)
+        fail("a block after a block copy", static_cast<double>(b), static_cast<double>(block));
+    }
+  }
+  if (swap && buffers[0] != before[0]) fail("swap_blocks changed its source");
+  for (int64_t b = 0; b < caches; ++b) {
+    if (buffers[b].back() != before[b].back()) fail("a byte past a cache", static_cast<double>(b));
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -208,7 +323,12 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   FuzzedDataProvider in(data, size);
   Call c;
-  c.entry = in.ConsumeIntegralInRange(0, 4);
+  const int entry = in.ConsumeIntegralInRange(0, 6);
+  if (entry >= 5) {  // the block copies share nothing with the attention calls below
+    fuzz_block_copies(in, entry == 6);
+    return 0;
+  }
+  c.entry = entry;
   bool sinks = false;
   if (c.entry == 4) {  // the variants first: short inputs reach them too
     c.bad_struct_size = in.ConsumeIntegralInRange(0, 15) == 15;
