@@ -75,36 +75,16 @@ struct PartitionKernel {
   using args_type = AttentionArgs<Space, T, TmpT>;
   static constexpr int heads_per_pass = H;
 
-  typename args_type::template view<T***> out;
-  typename args_type::template view<const T***> query;
+  args_type args;  ///< the call's views (the caches as raw pointers, typed below)
   const CacheT* key_cache;
   const CacheT* value_cache;
-  typename args_type::template view<const int**> block_tables;
-  typename args_type::template view<const int*> seq_lens;
-  typename args_type::template view<const float*> alibi_slopes;
-  typename args_type::template view<const int*> query_start_loc;
-  typename args_type::template view<const float*> sinks;
-  typename args_type::template view<float**> lse;
-  typename args_type::template view<float***> exp_sums;    // Output::Partition only
-  typename args_type::template view<float***> max_logits;  // Output::Partition only
-  typename args_type::template view<TmpT****> tmp_out;     // Output::Partition only
   TileGeometry geo;
   int scratch_level;
 
-  PartitionKernel(const args_type& args, const TileGeometry& geometry, int level)
-      : out(args.out),
-        query(args.query),
-        key_cache(static_cast<const CacheT*>(args.key_cache)),
-        value_cache(static_cast<const CacheT*>(args.value_cache)),
-        block_tables(args.block_tables),
-        seq_lens(args.seq_lens),
-        alibi_slopes(args.alibi_slopes),
-        query_start_loc(args.query_start_loc),
-        sinks(args.sinks),
-        lse(args.lse),
-        exp_sums(args.exp_sums),
-        max_logits(args.max_logits),
-        tmp_out(args.tmp_out),
+  PartitionKernel(const args_type& call_args, const TileGeometry& geometry, int level)
+      : args(call_args),
+        key_cache(static_cast<const CacheT*>(call_args.key_cache)),
+        value_cache(static_cast<const CacheT*>(call_args.value_cache)),
         geo(geometry),
         scratch_level(level) {}
 
@@ -124,11 +104,11 @@ struct PartitionKernel {
     const int seq_partition = tile / geo.num_kv_heads;
     const int partition = seq_partition % geo.num_partitions;
     const int seq = seq_partition / geo.num_partitions;
-    const int seq_len = seq_lens(seq);
+    const int seq_len = args.seq_lens(seq);
     int query_start = seq, query_len = 1;
     if (geo.several_query_tokens) {
-      query_start = query_start_loc(seq);
-      query_len = query_start_loc(seq + 1) - query_start;
+      query_start = args.query_start_loc(seq);
+      query_len = args.query_start_loc(seq + 1) - query_start;
     }
     const int rows = query_len * geo.group_size;
     const int begin = geo.variant.span_begin(seq_len, query_len, geo.block_size) + partition * geo.partition_size;
@@ -195,7 +175,8 @@ struct PartitionKernel {
     Path::for_row_spans(member, H, D, [&](int r, int d0, int d1) {
       for (int d = d0; d < d1; ++d) s.o[r * D + d] = 0.0f;
       if (r < pass.rows) {
-        Path::load_span(geo.host_isa, &query(row_token(pass, r), row_head(pass, r), d0), query.stride(2), geo.scale,
+        Path::load_span(geo.host_isa, &args.query(row_token(pass, r), row_head(pass, r), d0), args.query.stride(2),
+                        geo.scale,
                         s.q + r * D + d0, d1 - d0);
       } else {
         for (int d = d0; d < d1; ++d) s.q[r * D + d] = 0.0f;
@@ -205,7 +186,8 @@ struct PartitionKernel {
   }
 
   KOKKOS_INLINE_FUNCTION FinalRow final_row(const Pass& pass, int r, const SoftmaxState& state) const {
-    return FinalRow(state, geo.variant.sinks, geo.variant.sinks ? sinks(row_head(pass, r)) : 0.0f, geo.value_scale);
+    const float sink = geo.variant.sinks ? args.sinks(row_head(pass, r)) : 0.0f;
+    return FinalRow(state, geo.variant.sinks, sink, geo.value_scale);
   }
 
   /// The pass's results: out (and lse when asked for), or tmp_out with max_logits and exp_sums.
@@ -222,12 +204,12 @@ struct PartitionKernel {
         if (geo.output == Output::Partition) {
           const float exp_sum = running.head[r].exp_sum;  // a NaN sum stays NaN
           factor[r] = exp_sum == 0.0f ? 0.0f : geo.value_scale / exp_sum;
-          max_logits(token, head, pass.partition) = running.head[r].max_logit;
-          exp_sums(token, head, pass.partition) = exp_sum;
+          args.max_logits(token, head, pass.partition) = running.head[r].max_logit;
+          args.exp_sums(token, head, pass.partition) = exp_sum;
         } else {
           const FinalRow row = final_row(pass, r, running.head[r]);
           factor[r] = row.out_factor;
-          if (lse.extent(0) > 0) lse(token, head) = row.lse;
+          if (args.lse.extent(0) > 0) args.lse(token, head) = row.lse;
         }
       }
     });
@@ -235,10 +217,11 @@ struct PartitionKernel {
     Path::for_row_spans(member, pass.rows, D, [&](int r, int d0, int d1) {
       const int token = row_token(pass, r), head = row_head(pass, r);
       if (geo.output == Output::Final) {
-        Path::store_span(geo.host_isa, s.o + r * D + d0, factor[r], &out(token, head, d0), out.stride(2), d1 - d0);
+        Path::store_span(geo.host_isa, s.o + r * D + d0, factor[r], &args.out(token, head, d0), args.out.stride(2),
+                         d1 - d0);
       } else {
-        Path::store_span(geo.host_isa, s.o + r * D + d0, factor[r], &tmp_out(token, head, pass.partition, d0),
-                         tmp_out.stride(3), d1 - d0);
+        Path::store_span(geo.host_isa, s.o + r * D + d0, factor[r], &args.tmp_out(token, head, pass.partition, d0),
+                         args.tmp_out.stride(3), d1 - d0);
       }
     });
     member.team_barrier();  // the next pass reuses the scratch
@@ -248,11 +231,11 @@ struct PartitionKernel {
   KOKKOS_INLINE_FUNCTION void store_empty(const member_type& member, const Pass& pass) const {
     const int D = geo.head_size;
     Path::for_row_spans(member, pass.rows, D, [&](int r, int d0, int d1) {
-      for (int d = d0; d < d1; ++d) out(row_token(pass, r), row_head(pass, r), d) = from_float<T>(0.0f);
+      for (int d = d0; d < d1; ++d) args.out(row_token(pass, r), row_head(pass, r), d) = from_float<T>(0.0f);
     });
-    if (lse.extent(0) > 0) {
+    if (args.lse.extent(0) > 0) {
       Kokkos::parallel_for(Kokkos::TeamVectorRange(member, pass.rows), [&](int r) {
-        lse(row_token(pass, r), row_head(pass, r)) = final_row(pass, r, SoftmaxState{}).lse;
+        args.lse(row_token(pass, r), row_head(pass, r)) = final_row(pass, r, SoftmaxState{}).lse;
       });
     }
   }
@@ -268,7 +251,7 @@ struct PartitionKernel {
   template <int N>
   KOKKOS_INLINE_FUNCTION void load_rows(const Pass& pass, float (&alibi)[N], int (&position)[N]) const {
     for (int r = 0; r < N; ++r) {
-      alibi[r] = (r < pass.rows && alibi_slopes.extent(0) > 0) ? alibi_slopes(row_head(pass, r)) : 0.0f;
+      alibi[r] = (r < pass.rows && args.alibi_slopes.extent(0) > 0) ? args.alibi_slopes(row_head(pass, r)) : 0.0f;
       position[r] = row_position(pass, r < pass.rows ? r : pass.rows - 1);
     }
   }
@@ -307,14 +290,7 @@ struct PartitionReduceKernel {
   using scratch_view = Kokkos::View<float*, typename Space::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   using args_type = AttentionArgs<Space, T, TmpT>;
 
-  typename args_type::template view<T***> out;
-  typename args_type::template view<const int*> seq_lens;
-  typename args_type::template view<const int*> query_start_loc;
-  typename args_type::template view<const float*> sinks;
-  typename args_type::template view<float**> lse;
-  typename args_type::template view<float***> exp_sums;
-  typename args_type::template view<float***> max_logits;
-  typename args_type::template view<TmpT****> tmp_out;
+  args_type args;          ///< the call's views (the reduce reads the partition triple, writes out / lse)
   TileGeometry geo;        ///< the partition kernel's
   int num_heads = 0;
   int num_seqs = 0;
@@ -322,16 +298,9 @@ struct PartitionReduceKernel {
   int league_size = 0;
   int scratch_level = 0;
 
-  PartitionReduceKernel(const args_type& args, const TileGeometry& geometry, int heads, int seqs, int rows,
+  PartitionReduceKernel(const args_type& call_args, const TileGeometry& geometry, int heads, int seqs, int rows,
                         int league, int level)
-      : out(args.out),
-        seq_lens(args.seq_lens),
-        query_start_loc(args.query_start_loc),
-        sinks(args.sinks),
-        lse(args.lse),
-        exp_sums(args.exp_sums),
-        max_logits(args.max_logits),
-        tmp_out(args.tmp_out),
+      : args(call_args),
         geo(geometry),
         num_heads(heads),
         num_seqs(seqs),
@@ -345,7 +314,7 @@ struct PartitionReduceKernel {
     int lo = 0, hi = num_seqs;
     while (hi - lo > 1) {
       const int mid = lo + (hi - lo) / 2;
-      if (query_start_loc(mid) <= token) lo = mid; else hi = mid;
+      if (args.query_start_loc(mid) <= token) lo = mid; else hi = mid;
     }
     return lo;
   }
@@ -358,9 +327,9 @@ struct PartitionReduceKernel {
       const int token = item / num_heads;
       const int head = item % num_heads;
       const int seq = sequence_of(token);
-      const int query_len = geo.several_query_tokens ? query_start_loc(seq + 1) - query_start_loc(seq) : 1;
+      const int query_len = geo.several_query_tokens ? args.query_start_loc(seq + 1) - args.query_start_loc(seq) : 1;
       // Bounded by the plan even when seq_lens exceeds max_seq_len (unchecked indices).
-      const int seq_len = seq_lens(seq);
+      const int seq_len = args.seq_lens(seq);
       const int span = seq_len - geo.variant.span_begin(seq_len, query_len, geo.block_size);
       const int needed = span > 0 ? (span - 1) / geo.partition_size + 1 : 0;
       const int partitions = needed < geo.num_partitions ? needed : geo.num_partitions;
@@ -368,21 +337,23 @@ struct PartitionReduceKernel {
       Kokkos::parallel_reduce(
           Kokkos::TeamThreadRange(member, partitions),
           [&](int p, SoftmaxState& state) {
-            state.merge(SoftmaxState{max_logits(token, head, p), exp_sums(token, head, p)});
+            state.merge(SoftmaxState{args.max_logits(token, head, p), args.exp_sums(token, head, p)});
           },
           SoftmaxReducer<Space>(total));
       // The sink joins the denominator only: it lowers every partition's share.
-      if (geo.variant.sinks) total.merge(SoftmaxState{sinks(head), 1.0f});
+      if (geo.variant.sinks) total.merge(SoftmaxState{args.sinks(head), 1.0f});
       Kokkos::parallel_for(Kokkos::TeamVectorRange(member, partitions), [&](int p) {
-        shares(p) = total.share_of(SoftmaxState{max_logits(token, head, p), exp_sums(token, head, p)});
+        shares(p) = total.share_of(SoftmaxState{args.max_logits(token, head, p), args.exp_sums(token, head, p)});
       });
       member.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamVectorRange(member, geo.head_size), [&](int d) {
         float acc = 0.0f;
-        for (int p = 0; p < partitions; ++p) acc += shares(p) * to_float(tmp_out(token, head, p, d));
-        out(token, head, d) = from_float<T>(acc);
+        for (int p = 0; p < partitions; ++p) acc += shares(p) * to_float(args.tmp_out(token, head, p, d));
+        args.out(token, head, d) = from_float<T>(acc);
       });
-      if (lse.extent(0) > 0) Kokkos::single(Kokkos::PerTeam(member), [&]() { lse(token, head) = total.log_sum_exp(); });
+      if (args.lse.extent(0) > 0) {
+        Kokkos::single(Kokkos::PerTeam(member), [&]() { args.lse(token, head) = total.log_sum_exp(); });
+      }
       member.team_barrier();
     }
   }

@@ -150,7 +150,7 @@ struct DevicePath {
     const int block_token = chunk_begin + i - slot;
     bool attends[H];
     const bool any_attends = k.template block_mask<H>(pass, block_token, attends);
-    const int block_id = k.block_tables(pass.seq, block_token / B);
+    const int block_id = k.args.block_tables(pass.seq, block_token / B);
     if (slot == 0) s.block_ids[i / B] = any_attends ? block_id : -1;
     float logits[H];
     for (int g = 0; g < H; ++g) logits[g] = 0.0f;
@@ -160,12 +160,14 @@ struct DevicePath {
                      s.q, k.geo.head_size, logits);
     }
     const int key = chunk_begin + i;
-    const bool alibi = k.alibi_slopes.extent(0) > 0;
+    const bool alibi = k.args.alibi_slopes.extent(0) > 0;
     for (int g = 0; g < H; ++g) {
       // The variant's cap, then ALiBi, then the masks (block-sparse, the row's causal window).
       const int position = k.row_position(pass, g < pass.rows ? g : pass.rows - 1);
       logits[g] = k.geo.variant.transform(logits[g]);
-      if (alibi && g < pass.rows) logits[g] += k.alibi_slopes(k.row_head(pass, g)) * static_cast<float>(key - position);
+      if (alibi && g < pass.rows) {
+        logits[g] += k.args.alibi_slopes(k.row_head(pass, g)) * static_cast<float>(key - position);
+      }
       const bool attended = any_attends && attends[g] && (!k.masks_rows() || k.in_row_range(key, position));
       const float logit = attended ? logits[g] : -compat::infinity();
       s.probs[g * CT + i] = logit;

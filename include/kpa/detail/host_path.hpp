@@ -87,7 +87,7 @@ struct HostPath {
         float* logits = s.probs + lb * B;
         bool attends[H];
         const bool any = k.template block_mask<H>(pass, block_token, attends);
-        const int block_id = any ? k.block_tables(pass.seq, block_token / B) : -1;
+        const int block_id = any ? k.args.block_tables(pass.seq, block_token / B) : -1;
         s.block_ids[lb] = block_id;
         if (any) {  // a block no head attends is not read at all
           // Blocks are pages in any order, each a new stream for the CPU's prefetchers: ask for
@@ -95,8 +95,10 @@ struct HostPath {
           // block's values while this block's logits are computed.
           const int block_bytes = B * D * static_cast<int>(sizeof(CacheT));
           const int next_token = block_token + B;
-          if (k.geo.sparse.vert_stride <= 1 && next_token < pass.end)
-            prefetch_bytes(key_head + k.block_tables(pass.seq, next_token / B) * k.geo.cache_block_stride, block_bytes);
+          if (k.geo.sparse.vert_stride <= 1 && next_token < pass.end) {
+            const int next_id = k.args.block_tables(pass.seq, next_token / B);
+            prefetch_bytes(key_head + next_id * k.geo.cache_block_stride, block_bytes);
+          }
           prefetch_bytes(value_head + block_id * k.geo.cache_block_stride, block_bytes);
           kernels.block_logits(BlockLogitsArgs<CacheT>{key_head + block_id * k.geo.cache_block_stride, B, D, slots,
                                                        s.q, logits, CT});
