@@ -16,8 +16,9 @@
 #                                    libkpa, Kokkos and the CUDA runtime into FILE (default
 #                                    build-gpu/kpa-gpu-bundle.tar.xz, about 14 MB; about 25 minutes
 #                                    on 2 cores)
-#   scripts/gpu-check.sh --run FILE  on a GPU machine that needs only the driver: unpacks the bundle
-#                                    and runs the checks below
+#   scripts/gpu-check.sh --run FILE  on a GPU machine that needs only the driver (and a C and C++
+#                                    runtime no older than the building machine's): unpacks the
+#                                    bundle and runs the checks below
 #
 # The checks:
 #   1. the unit tests on Kokkos::Cuda;
