@@ -14,7 +14,7 @@
 #                                    machine code for sm_SM (e.g. 90 for an H100/H200) besides the
 #                                    prefix's architecture and packs the test and bench binaries,
 #                                    libkpa, Kokkos and the CUDA runtime into FILE (default
-#                                    build-gpu/kpa-gpu-bundle.tar.xz, about 14 MB; about 25 minutes
+#                                    build-gpu/kpa-gpu-bundle.tar.xz, about 14 MB; about 20 minutes
 #                                    on 2 cores)
 #   scripts/gpu-check.sh --run FILE  on a GPU machine that needs only the driver (and a C and C++
 #                                    runtime no older than the building machine's): unpacks the
