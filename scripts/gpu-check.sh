@@ -36,6 +36,7 @@ set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 log() { printf '[kpa gpu-check %s] %s\n' "$(date +%T)" "$*" >&2; }
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
 
 # cuda_prefix SM: the CUDA Kokkos prefix with machine code for sm_SM, built once (Kokkos_ROOT, if
 # set, is taken as it is). Kokkos 3.4.1 builds for Ampere at most, and its initialisation aborts
@@ -52,7 +53,6 @@ cuda_prefix() {
 if [ "${1:-}" = "--prepare" ]; then
   set -e
   sm=${2:?"--prepare SM: the GPU's compute capability, e.g. 90 for an H100/H200"}
-  [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
   prefix=$(cuda_prefix "$sm")
   rm -rf "$repo/.deps/googletest"
   cp -r /usr/src/googletest "$repo/.deps/googletest"
@@ -78,7 +78,6 @@ step() {  # step NAME COMMAND...: runs and logs one step, remembering a failure
 # besides the Kokkos prefix's architecture.
 build_kpa() {
   local sm=$1
-  [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
   command -v nvcc >/dev/null || { log "nvcc not found"; exit 1; }
   local kokkos prefix_sm
   kokkos=$(cuda_prefix "$sm") || { log "no CUDA Kokkos prefix for sm_$sm"; exit 1; }
