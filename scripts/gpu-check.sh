@@ -31,7 +31,8 @@
 #      (scripts/sdpa_anchor.py).
 # Logs and JSON go to KPA_GPU_CHECK_OUT (default <repo>/build-gpu/results); each check stops after
 # KPA_GPU_STEP_TIMEOUT seconds (default 900); the exit status is nonzero if a build, test or parity
-# step failed.
+# step failed. KPA_GPU_MEMCHECK=FILTER also runs the unit tests that GoogleTest FILTER selects under
+# compute-sanitizer's memcheck.
 set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -85,9 +86,13 @@ build_kpa() {
   [ -f "$kokkos/.kpa-deps-complete" ] && prefix_sm=$(awk '{print $2}' "$kokkos/.kpa-deps-complete") &&
     prefix_sm=${prefix_sm//[!0-9]/}
   log "building for sm_$sm (Kokkos prefix for sm_$prefix_sm) in $build"
+  local flags="-arch=sm_$prefix_sm"
   if [ -n "$sm" ] && [ "$sm" != "$prefix_sm" ]; then
-    # Machine code for this GPU too (Kokkos' nvcc_wrapper takes one -arch; nvcc reads this variable).
+    # Machine code for this GPU too: Kokkos' nvcc_wrapper takes one -arch, so the extra -gencode
+    # goes through NVCC_APPEND_FLAGS, which nvcc reads and CMake does not see. The define records
+    # it in the compile flags, so that CMake rebuilds every object built without it.
     export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -gencode=arch=compute_$sm,code=sm_$sm"
+    flags+=" -DKPA_BUILD_EXTRA_SM=$sm"
   fi
   local gtest_args=()
   if [ -d "$repo/.deps/googletest" ]; then  # carried: the GPU machine may have no GoogleTest
@@ -106,7 +111,7 @@ build_kpa() {
     rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
   fi
   cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKokkos_ROOT="$kokkos" \
-    -DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_wrapper" -DCMAKE_CXX_FLAGS="-arch=sm_$prefix_sm" \
+    -DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_wrapper" -DCMAKE_CXX_FLAGS="$flags" \
     -DKPA_TEST_SPACES=Kokkos::Cuda -DKPA_ENABLE_EXAMPLES=OFF "${gtest_args[@]}" > "$out/configure.log" 2>&1 ||
     { log "configure failed"; tail -n 30 "$out/configure.log"; exit 1; }
   step build cmake --build "$build" -j "$jobs" --target kpa kpa-unit-tests kpa-parity-tests kpa-bench
@@ -140,8 +145,18 @@ run_checks() {
       llama_32x4096:32:4096:32:8:128 long_context_1x100k:1:100000:24:4:256 single_tile_64x512:64:512:32:8:128 \
       long_1x131072:1:131072:32:8:128 batch_64x2048:64:2048:32:8:128
   fi
+  # Last: memcheck runs the kernels many times slower.
+  if [ -n "${KPA_GPU_MEMCHECK:-}" ]; then
+    if command -v compute-sanitizer >/dev/null; then
+      step memcheck "${limit[@]}" compute-sanitizer --tool memcheck --error-exitcode 1 \
+        "$bin/kpa-unit-tests" --gtest_brief=1 --gtest_filter="$KPA_GPU_MEMCHECK"
+    else
+      log "KPA_GPU_MEMCHECK is set but compute-sanitizer is not on PATH"; status=1
+    fi
+  fi
   {
     echo "== unit tests"; tail -n 5 "$out/unit_tests.log"
+    [ -f "$out/memcheck.log" ] && { echo "== memcheck ($KPA_GPU_MEMCHECK)"; tail -n 3 "$out/memcheck.log"; }
     echo "== parity"; grep -E '^parity|PASSED|FAILED' "$out/parity.log"
     [ -f "$out/c_api.log" ] && { echo "== C ABI (device pointers)"; tail -n 3 "$out/c_api.log"; }
     for name in bench_default bench_long_1x131072 bench_64x2048; do
