@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -25,6 +26,7 @@ std::vector<HostIsa> isas_here() {
   std::vector<HostIsa> isas{HostIsa::Portable};
   const HostIsa best = std::min(kpa::detail::cpu_host_isa(), kpa::detail::kCompiledHostIsa);
   if (best >= HostIsa::Avx2) isas.push_back(HostIsa::Avx2);
+  if (best >= HostIsa::Avx512) isas.push_back(HostIsa::Avx512);
   return isas;
 }
 
@@ -261,8 +263,22 @@ TEST(HostKernels, Fp8Caches) {
 // The query and output row conversions of every instruction set against the scalar ones, bit
 // for bit: rounding ties, overflow, binary16 subnormals, signed zeros, infinities, NaN payloads,
 // every tail length, and nothing written past the row.
+/// Stops trapping FE_INVALID while it lives. At -O3, GCC may finish a loop of float products
+/// with a 4-lane instruction of which it keeps two lanes; the other two multiply leftovers
+/// (inf x 0 after rows holding infinities) and raise FE_INVALID for no product of the row (GCC
+/// accepts this by default: -mpartial-vector-fp-math). Rows with infinities then trap in the
+/// portable conversions; their results are still checked bit for bit.
+struct InvalidNotTrapped {
+  int trapped = fedisableexcept(FE_INVALID);
+  ~InvalidNotTrapped() {
+    feclearexcept(FE_INVALID);
+    if (trapped != -1 && (trapped & FE_INVALID)) feenableexcept(FE_INVALID);
+  }
+};
+
 template <class T>
 void check_row_conversions(HostIsa isa) {
+  const InvalidNotTrapped untrapped;
   std::vector<float> values = {0.0f,           -0.0f,         1.0f,          -1.0f,      65504.0f,    65519.99f,
                                65520.0f,       -70000.0f,     1e-8f,         0x1p-24f,   0x1p-25f,    3 * 0x1p-26f,
                                0x1p-14f,       0x1.ffcp-15f,  1 + 0x1p-8f,   1 + 3 * 0x1p-8f, 1 + 0x1p-11f,

@@ -121,7 +121,7 @@ TEST(LaunchPlan, HostProfileUsesOneThreadPerTeam) {
   EXPECT_EQ(plan.team_size, 1);
   EXPECT_EQ(plan.vector_length, 1);
   EXPECT_EQ(plan.league_size, 8);
-  EXPECT_EQ(plan.chunk_tokens, 128);
+  EXPECT_EQ(plan.chunk_tokens, 256);
   EXPECT_TRUE(plan.single_partition);
 }
 
@@ -369,13 +369,19 @@ TEST(LaunchPlan, EveryPlannableHeadsPerPassHasAKernel) {
 // but not more, and the planner refuses an override the back end cannot run.
 TEST(LaunchPlan, HostInstructionSetsParseAndAreNeverMoreThanTheBest) {
   using kpa::HostIsa;
-  for (HostIsa isa : {HostIsa::Portable, HostIsa::Avx2}) EXPECT_EQ(kpa::parse_host_isa(kpa::to_string(isa)), isa);
-  EXPECT_THROW(kpa::parse_host_isa("avx512"), kpa::Error);
+  for (HostIsa isa : {HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512}) {
+    EXPECT_EQ(kpa::parse_host_isa(kpa::to_string(isa)), isa);
+  }
+  EXPECT_THROW(kpa::parse_host_isa("avx512f"), kpa::Error);
+  EXPECT_THROW(kpa::parse_host_isa("sse2"), kpa::Error);
   ::setenv("KPA_HOST_ISA", "portable", 1);
   EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx2), HostIsa::Portable);
   ::setenv("KPA_HOST_ISA", "avx2", 1);
   EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx2), HostIsa::Avx2);
   EXPECT_THROW(kpa::detail::chosen_host_isa(HostIsa::Portable), kpa::Error);
+  ::setenv("KPA_HOST_ISA", "avx512", 1);
+  EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx512), HostIsa::Avx512);
+  EXPECT_THROW(kpa::detail::chosen_host_isa(HostIsa::Avx2), kpa::Error);
   ::unsetenv("KPA_HOST_ISA");
   EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx2), HostIsa::Avx2);
 

@@ -23,10 +23,11 @@ namespace kpa {
 enum class HostIsa {
   Portable,  ///< plain C++ (any CPU)
   Avx2,      ///< x86-64 AVX2 + FMA + F16C
+  Avx512,    ///< x86-64 AVX-512 F + BW + VL + DQ (and AVX2): q.k and p.V on 16 lanes
 };
 
 std::string_view to_string(HostIsa isa);
-/// "portable" or "avx2"; throws kpa::Error for anything else.
+/// "portable", "avx2" or "avx512"; throws kpa::Error for anything else.
 HostIsa parse_host_isa(std::string_view name);
 
 namespace detail {
@@ -36,7 +37,7 @@ HostIsa cpu_host_isa();
 HostIsa chosen_host_isa(HostIsa best);
 /// The best one kpa's headers compile kernels for in this translation unit (host_isa.hpp).
 #ifdef KPA_IMPL_X86_KERNELS
-static constexpr HostIsa kCompiledHostIsa = HostIsa::Avx2;
+static constexpr HostIsa kCompiledHostIsa = HostIsa::Avx512;
 #else
 static constexpr HostIsa kCompiledHostIsa = HostIsa::Portable;
 #endif
@@ -72,7 +73,7 @@ struct DeviceProfile {
   bool occupancy_from_kernel = false;
   BackEndLimits limits;  ///< of the back end the plan runs on (detect() fills them in)
   /// Instruction set of the host path's inner loops: detect() takes limits.best_host_isa, or
-  /// the environment variable KPA_HOST_ISA ("portable", "avx2") when set.
+  /// the environment variable KPA_HOST_ISA ("portable", "avx2", "avx512") when set.
   HostIsa host_isa = HostIsa::Portable;
 
   int resident_teams() const { return sm_count * sm_occupancy; }

@@ -8,11 +8,12 @@
 //   chunk_values  o = o * weight + p . V for a range of output dimensions over a chunk;
 // and, per query / output type (HostRowKernels), a query row into scratch and an output row out.
 // host_kernels_portable.hpp holds the arguments and the plain C++ set every CPU runs;
-// host_kernels_x86.hpp the AVX2 + FMA + F16C set, compiled with target attributes whatever the
-// translation unit's flags, so one binary runs the best set the CPU has
-// (BackEndLimits::best_host_isa).
+// host_kernels_x86.hpp the AVX2 + FMA + F16C set and host_kernels_avx512.hpp AVX-512 versions of
+// block_logits and chunk_values, all compiled with target attributes whatever the translation
+// unit's flags, so one binary runs the best set the CPU has (BackEndLimits::best_host_isa).
 
 #include <kpa/detail/host_kernels_portable.hpp>
+#include <kpa/detail/host_kernels_avx512.hpp>
 #include <kpa/detail/host_kernels_x86.hpp>
 #include <kpa/launch_plan.hpp>
 
@@ -34,7 +35,13 @@ struct HostKernels {
 template <int H, class CacheT>
 HostKernels<H, CacheT> host_kernels(HostIsa isa) {
 #ifdef KPA_IMPL_X86_KERNELS
-  if (isa == HostIsa::Avx2 && avx2::has_kernels<CacheT>) {
+  if constexpr (avx512::has_kernels<CacheT>) {
+    if (isa == HostIsa::Avx512) {
+      return {&avx512::block_logits<H, CacheT>, &avx2::row_softmax, &avx2::row_soft_cap,
+              &avx512::chunk_values<H, CacheT>};
+    }
+  }
+  if (isa >= HostIsa::Avx2 && avx2::has_kernels<CacheT>) {
     return {&avx2::block_logits<H, CacheT>, &avx2::row_softmax, &avx2::row_soft_cap, &avx2::chunk_values<H, CacheT>};
   }
 #endif
@@ -55,7 +62,7 @@ struct HostRowKernels {
 template <class T>
 HostRowKernels<T> host_row_kernels(HostIsa isa) {
 #ifdef KPA_IMPL_X86_KERNELS
-  if (isa == HostIsa::Avx2 && is_activation_type_v<T>) return {&avx2::load_row<T>, &avx2::store_row<T>};
+  if (isa >= HostIsa::Avx2 && is_activation_type_v<T>) return {&avx2::load_row<T>, &avx2::store_row<T>};
 #endif
   (void)isa;
   return {&portable::load_row<T>, &portable::store_row<T>};

@@ -92,11 +92,10 @@ struct Load<fp8_e4m3> {
   }
 };
 
-/// 16 consecutive fp8 codes as two registers of 8 floats (codes [0, 8) and [8, 16)), times
-/// 1 / Load::scale: the same values as two Load::eight, with the integer work done once on 16
-/// lanes of 16 bits (about half the instructions per code).
+/// 16 consecutive fp8 codes as the binary16 codes of their values times 1 / Load::scale (the
+/// bits Load::eight converts), with the integer work done on 16 lanes of 16 bits at once.
 template <class CacheT>
-KPA_IMPL_AVX2_INLINE inline void load_sixteen(const CacheT* p, __m256& lo, __m256& hi) {
+KPA_IMPL_AVX2_INLINE inline __m256i fp8_as_half16(const CacheT* p) {
   static_assert(sizeof(CacheT) == 1, "fp8 codes");
   const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   __m256i h;
@@ -114,6 +113,14 @@ KPA_IMPL_AVX2_INLINE inline void load_sixteen(const CacheT* p, __m256& lo, __m25
     h = _mm256_or_si256(h, _mm256_and_si256(_mm256_add_epi16(magnitude, _mm256_set1_epi16(0x80)),
                                             _mm256_set1_epi16(0x4000)));
   }
+  return h;
+}
+
+/// 16 consecutive fp8 codes as two registers of 8 floats (codes [0, 8) and [8, 16)), times
+/// 1 / Load::scale: the same values as two Load::eight, in about half the instructions per code.
+template <class CacheT>
+KPA_IMPL_AVX2_INLINE inline void load_sixteen(const CacheT* p, __m256& lo, __m256& hi) {
+  const __m256i h = fp8_as_half16(p);
   lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
   hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
@@ -373,21 +380,26 @@ struct ValueRun {
   int slots;
 };
 
-/// o[g][d] += sums[g][d] (after o[g][d] *= weight[g] with `rescale`) for the tile's HG x R
-/// accumulators of 8 slot lanes each.
+/// o[g][d] += sums[g][d] (after o[g][d] *= weight[g] with `rescale`) for heads [g0, g0 + HG)
+/// and rows [d0, d0 + R), the sums times 1 / Load::scale.
 template <int HG, int R, class CacheT>
-KPA_IMPL_AVX2 inline void finish_values_tile(const ChunkValuesArgs<CacheT>& a, const __m256 (&acc)[HG * R], int g0,
-                                             int d0, bool rescale) {
-  float sums[HG * R];
-  reduce_lanes(acc, sums);
-#pragma GCC unroll 4
+inline void add_values_sums(const ChunkValuesArgs<CacheT>& a, const float (&sums)[HG * R], int g0, int d0,
+                            bool rescale) {
   for (int g = 0; g < HG; ++g) {
-#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       float& o = a.o[(g0 + g) * a.head_size + d0 + r];
       o = (rescale ? o * a.weight[g0 + g] : o) + sums[g * R + r] * Load<CacheT>::scale;
     }
   }
+}
+
+/// add_values_sums of the tile's HG x R accumulators of 8 slot lanes each.
+template <int HG, int R, class CacheT>
+KPA_IMPL_AVX2 inline void finish_values_tile(const ChunkValuesArgs<CacheT>& a, const __m256 (&acc)[HG * R], int g0,
+                                             int d0, bool rescale) {
+  float sums[HG * R];
+  reduce_lanes(acc, sums);
+  add_values_sums<HG, R>(a, sums, g0, d0, rescale);
 }
 
 /// o[g][d] = o[g][d] * weight[g] + sum over the runs of p_g * v[d] for heads [g0, g0 + HG) and
@@ -502,20 +514,29 @@ KPA_IMPL_AVX2 inline void values_tile(const ChunkValuesArgs<CacheT>& a, const Va
   finish_values_tile<HG, R>(a, acc, g0, d0, rescale);
 }
 
+/// The chunk's value runs are taken kMaxRuns blocks at a time (one batch for chunks of 256
+/// tokens in blocks of 8 or more).
+inline constexpr int kMaxRuns = 64;
+
+/// The attended blocks among the chunk's blocks [first, first + kMaxRuns) into runs; their count.
+template <class CacheT>
+inline int attended_runs(const ChunkValuesArgs<CacheT>& a, int first, ValueRun<CacheT> (&runs)[kMaxRuns]) {
+  int count = 0;
+  for (int lb = first; lb < a.blocks && lb < first + kMaxRuns; ++lb) {
+    if (a.block_ids[lb] < 0) continue;  // attended by no head of the pass: never read
+    runs[count++] = {a.value_head + a.block_ids[lb] * a.block_stride, a.probs + lb * a.block_size,
+                     lb + 1 == a.blocks ? a.last_block_slots : a.block_size};
+  }
+  return count;
+}
+
 template <int H, class CacheT>
 KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin, int d_end) {
   constexpr int HG = kHeadTile<H>;
   constexpr int R = kRowTile<HG>;
-  constexpr int kMaxRuns = 64;
-  // The attended blocks, kMaxRuns at a time (at most two batches for chunks of 128 tokens).
   ValueRun<CacheT> runs[kMaxRuns];
   for (int first = 0; first < a.blocks; first += kMaxRuns) {
-    int count = 0;
-    for (int lb = first; lb < a.blocks && lb < first + kMaxRuns; ++lb) {
-      if (a.block_ids[lb] < 0) continue;  // attended by no head of the pass: never read
-      runs[count++] = {a.value_head + a.block_ids[lb] * a.block_stride, a.probs + lb * a.block_size,
-                       lb + 1 == a.blocks ? a.last_block_slots : a.block_size};
-    }
+    const int count = attended_runs(a, first, runs);
     for (int g0 = 0; g0 < H; g0 += HG) {
       int d = d_begin;
       for (; d + R <= d_end; d += R) {
