@@ -125,7 +125,8 @@ run_checks() {
   nvidia-smi -L >&2 || { log "no NVIDIA GPU visible"; exit 1; }
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8} OMP_PROC_BIND=${OMP_PROC_BIND:-false}
   local limit=(timeout "${KPA_GPU_STEP_TIMEOUT:-900}")  # a hung kernel fails its step, not the whole check
-  step unit_tests "${limit[@]}" "$bin/kpa-unit-tests" --gtest_brief=1
+  # Every test's name, line-buffered: a test that crashes the process is the log's last line.
+  step unit_tests "${limit[@]}" stdbuf -oL "$bin/kpa-unit-tests"
   step parity "${limit[@]}" "$bin/kpa-parity-tests"
   local torch=0
   python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && torch=1
