@@ -251,13 +251,19 @@ TEST(HostKernels, F16Caches) {
   check_shapes<4, kpa::half>({64, 256});
   check_shapes<6, kpa::half>({80});
   check_shapes<8, kpa::half>({128});
+  check_shapes<16, kpa::half>({24});
 }
-TEST(HostKernels, Bf16Caches) { check_shapes<4, kpa::bfloat16>({8, 96}); }
+TEST(HostKernels, Bf16Caches) {
+  check_shapes<4, kpa::bfloat16>({8, 96});
+  check_shapes<6, kpa::bfloat16>({16});
+}
 TEST(HostKernels, Fp8Caches) {
   check_shapes<1, kpa::fp8_e4m3>({16, 48});
   check_shapes<4, kpa::fp8_e4m3>({128});
+  check_shapes<6, kpa::fp8_e4m3>({32});
   check_shapes<2, kpa::fp8_e5m2>({16, 64});
   check_shapes<8, kpa::fp8_e5m2>({32});
+  check_shapes<16, kpa::fp8_e5m2>({16});
 }
 
 // The query and output row conversions of every instruction set against the scalar ones, bit
@@ -334,23 +340,29 @@ void check_fp8_codes(HostIsa isa) {
   for (int code = 0; code < 256; ++code) {
     const float expected = kpa::to_float(S{static_cast<std::uint8_t>(code)});
     for (int lane = 0; lane < 16; ++lane) {
-      // q.k: one slot whose dimension `lane` holds the code; q one-hot there (0 * 0 elsewhere).
-      std::vector<S> keys(kHeadSize, S{0});
-      keys[lane] = S{static_cast<std::uint8_t>(code)};
+      const std::string where = name_of(isa) + " code " + std::to_string(code) + " lane " + std::to_string(lane);
+      // q.k: blocks of one slot and of 16 (whose key vectors are widened 32 codes at a time),
+      // every slot's dimension `lane` holding the code; q one-hot there (0 * 0 elsewhere).
       std::vector<float> q(kHeadSize, 0.0f);
       q[lane] = 1.0f;
-      float logit = -1.0f;
-      kernels.block_logits({keys.data(), 1, kHeadSize, 1, q.data(), &logit, 1});
-      const std::string where = name_of(isa) + " code " + std::to_string(code) + " lane " + std::to_string(lane);
-      if (std::isnan(expected)) {
-        EXPECT_TRUE(std::isnan(logit)) << where;
-      } else {
-        EXPECT_EQ(logit, expected) << where;
+      for (int slots : {1, kBlockSize}) {
+        std::vector<S> keys(static_cast<std::size_t>(kHeadSize) * slots, S{0});
+        for (int slot = 0; slot < slots; ++slot) keys[slot * kHeadSize + lane] = S{static_cast<std::uint8_t>(code)};
+        std::vector<float> logits(slots, -1.0f);
+        kernels.block_logits({keys.data(), slots, kHeadSize, slots, q.data(), logits.data(), slots});
+        for (int slot = 0; slot < slots; ++slot) {
+          if (std::isnan(expected)) {
+            EXPECT_TRUE(std::isnan(logits[slot])) << where << " slots " << slots << " slot " << slot;
+          } else {
+            EXPECT_EQ(logits[slot], expected) << where << " slots " << slots << " slot " << slot;
+          }
+        }
       }
-      // p.V: a block whose row 0 holds the code in slot `lane`, p one-hot there; the block full
-      // (whole rows widened) and filled up to `lane` (a masked last vector).
+      // p.V: a block whose rows all hold the code in slot `lane`, p one-hot there; the block full
+      // (whole rows widened, two adjacent rows at a time) and filled up to `lane` (a masked last
+      // vector).
       std::vector<S> values(kHeadSize * kBlockSize, S{0});
-      values[lane] = S{static_cast<std::uint8_t>(code)};
+      for (int d = 0; d < kHeadSize; ++d) values[d * kBlockSize + lane] = S{static_cast<std::uint8_t>(code)};
       std::vector<float> probs(kBlockSize, 0.0f);
       probs[lane] = 1.0f;
       const int block_id = 0;
@@ -360,12 +372,13 @@ void check_fp8_codes(HostIsa isa) {
         kernels.chunk_values({values.data(), kHeadSize * kBlockSize, &block_id, 1, last, kBlockSize, kHeadSize,
                               probs.data(), kBlockSize, &weight, o.data()},
                              0, kHeadSize);
-        if (std::isnan(expected)) {
-          EXPECT_TRUE(std::isnan(o[0])) << where << " last " << last;
-        } else {
-          EXPECT_EQ(o[0], expected) << where << " last " << last;
+        for (int d = 0; d < kHeadSize; ++d) {
+          if (std::isnan(expected)) {
+            EXPECT_TRUE(std::isnan(o[d])) << where << " last " << last << " d " << d;
+          } else {
+            EXPECT_EQ(o[d], expected) << where << " last " << last << " d " << d;
+          }
         }
-        for (int d = 1; d < kHeadSize; ++d) EXPECT_EQ(o[d], 0.0f) << where << " last " << last << " d " << d;
       }
     }
   }

@@ -9,10 +9,14 @@
 //   q.k    a key register holds 16 consecutive elements of one key-vector row of the block: two
 //          slots x 8 dimensions for 16-bit caches (the query's 8 dimensions broadcast to both
 //          halves), one slot x 16 dimensions for fp8; accumulators per (key register, head) over
-//          the head size, for up to 4 heads x KR key registers;
+//          the head size, for HG heads x KR key registers;
 //   p.V    a value register holds 16 slots of one output row (block sizes 16 and 32, vLLM's
 //          usual ones; others run the AVX2 tiles); accumulators per (head, row) over the chunk,
 //          reduced once at its end.
+// A tile takes all heads of a GQA group of up to 8 (kHeadTile), so each cache element is widened
+// once per pass: widening a register takes the FMA ports for two instructions (fp8: about five),
+// and with the AVX2 tiles' groups of at most 4 a group of 6 or 8 widened each element twice. fp8
+// codes widen 32 at a time (fp8_as_half32) wherever two registers' codes are adjacent.
 
 #include <kpa/detail/host_kernels_x86.hpp>
 
@@ -29,6 +33,10 @@
 #define KPA_IMPL_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define KPA_IMPL_AVX512_INLINE \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"), always_inline))
+
+/// KPA_IMPL_IN_REGISTER for AVX-512 code: "v" admits all 32 registers ("x" only the first 16,
+/// which costs a register copy per use).
+#define KPA_IMPL_IN_ZMM(v) __asm__("" : "+v"(v))
 
 namespace kpa::detail::avx512 {
 
@@ -51,6 +59,48 @@ KPA_IMPL_AVX512_INLINE inline __m512 load16(const CacheT* p) {
     return _mm512_castsi512_ps(_mm512_mask_or_epi32(wide, nan, wide, _mm512_set1_epi32(0x400000)));
   } else {
     return _mm512_cvtph_ps(avx2::fp8_as_half16(p));
+  }
+}
+
+/// 32 consecutive fp8 codes as binary16 codes (the bits avx2::fp8_as_half16 gives, 32 lanes at
+/// once: about half its integer instructions per code).
+template <class CacheT>
+KPA_IMPL_AVX512_INLINE inline __m512i fp8_as_half32(const CacheT* p) {
+  static_assert(sizeof(CacheT) == 1, "fp8 codes");
+  const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  // Bits 0..6 of each code, compared as bits 15..9 of a 16-bit lane.
+  const __m512i low7 = _mm512_slli_epi16(w, 9);
+  const __m512i b = _mm512_slli_epi16(w, 8);
+  if constexpr (std::is_same_v<CacheT, fp8_e5m2>) {
+    // The upper byte of a binary16. The one signalling NaN, S.11111.01, is quieted by setting
+    // bit 9 (its mantissa's top bit, clear there), as to_float does.
+    const __mmask32 signalling = _mm512_cmpeq_epi16_mask(low7, _mm512_set1_epi16(static_cast<short>(0xfa00)));
+    return _mm512_mask_add_epi16(b, signalling, b, _mm512_set1_epi16(0x0200));
+  } else {
+    // Sign to bit 15, exponent and mantissa to bits 13..7 (the value times 2^-8); the NaN
+    // S.1111.111 lands on 0x3f80 (1.875) there, and adding 0x4000 makes it the quiet NaN 0x7f80.
+    const __m512i h = _mm512_and_si512(_mm512_srai_epi16(b, 1), _mm512_set1_epi16(static_cast<short>(0xbfff)));
+    const __mmask32 nan = _mm512_cmpeq_epi16_mask(low7, _mm512_set1_epi16(static_cast<short>(0xfe00)));
+    return _mm512_mask_add_epi16(h, nan, h, _mm512_set1_epi16(0x4000));
+  }
+}
+
+/// out[i] = the 16 cache elements at p + 16 i as floats (times 1 / avx2::Load<CacheT>::scale).
+template <int N, class CacheT>
+KPA_IMPL_AVX512_INLINE inline void load_consecutive(const CacheT* p, __m512 (&out)[N]) {
+#pragma GCC unroll 16
+  for (int i = 0; i < N; ++i) {
+    if constexpr (sizeof(CacheT) == 1) {
+      if (i % 2 == 0 && i + 1 < N) {
+        const __m512i h = fp8_as_half32(p + 16 * i);
+        out[i] = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+        out[i + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+      } else if (i % 2 == 0) {
+        out[i] = load16(p + 16 * i);
+      }
+    } else {
+      out[i] = load16(p + 16 * i);
+    }
   }
 }
 
@@ -95,12 +145,16 @@ KPA_IMPL_AVX512_INLINE inline void reduce_all(const __m512 (&acc)[N], float (&ou
   avx2::reduce_lanes(folded, out);
 }
 
+/// Heads per register tile: a whole group of up to 8 (passes of 16 rows take two tiles).
+template <int H>
+inline constexpr int kHeadTile = H <= 4 || H == 6 ? H : 8;
+
 // ---- q.k ----
 
 /// Key registers per q.k tile for HG heads: KR x HG accumulators, KR key registers, one query
-/// register.
+/// register (at most 29 of the 32).
 template <int HG>
-inline constexpr int kKeyTile = HG == 1 ? 8 : (HG == 2 ? 8 : (HG == 3 ? 6 : 4));
+inline constexpr int kKeyTile = HG <= 2 ? 8 : (HG == 3 ? 6 : (HG <= 6 ? 4 : 2));
 
 /// Logits of the slots in KR key registers (the first slot `slot`) for heads [g0, g0 + HG).
 template <int KR, int HG, class CacheT>
@@ -115,13 +169,12 @@ KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a,
   for (int i = 0; i < KR * HG; ++i) acc[i] = _mm512_setzero_ps();
   for (int v = 0; v < vectors; ++v) {
     __m512 k[KR];
+    load_consecutive(key + v * stride, k);
 #pragma GCC unroll 8
-    for (int j = 0; j < KR; ++j) k[j] = load16(key + v * stride + j * 16);
-#pragma GCC unroll 4
     for (int g = 0; g < HG; ++g) {
       const float* qg = q + g * a.head_size + v * X;
       __m512 qv = SPR == 2 ? _mm512_broadcast_f32x8(_mm256_loadu_ps(qg)) : _mm512_loadu_ps(qg);
-      KPA_IMPL_IN_REGISTER(qv);
+      KPA_IMPL_IN_ZMM(qv);
 #pragma GCC unroll 8
       for (int j = 0; j < KR; ++j) acc[j * HG + g] = _mm512_fmadd_ps(qv, k[j], acc[j * HG + g]);
     }
@@ -135,7 +188,7 @@ KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a,
   // sums[(j * HG + g) * SPR + h] is slot slot + j * SPR + h, head g0 + g.
 #pragma GCC unroll 8
   for (int j = 0; j < KR; ++j) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int g = 0; g < HG; ++g) {
 #pragma GCC unroll 2
       for (int h = 0; h < SPR; ++h) {
@@ -149,7 +202,7 @@ KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a,
 template <int H, class CacheT>
 KPA_IMPL_AVX512 void block_logits(const BlockLogitsArgs<CacheT>& a) {
   constexpr int X = static_cast<int>(16 / sizeof(CacheT));
-  constexpr int HG = avx2::kHeadTile<H>;
+  constexpr int HG = kHeadTile<H>;
   constexpr int KR = kKeyTile<HG>;
   constexpr int SPR = 16 / X;
   static_assert(H % HG == 0, "head tiles divide the heads of a pass");
@@ -168,9 +221,11 @@ KPA_IMPL_AVX512 void block_logits(const BlockLogitsArgs<CacheT>& a) {
 // ---- p.V ----
 
 /// Output rows per p.V tile for HG heads: HG x R accumulators, R value registers, one
-/// probability register.
+/// probability register. Groups of 6 and 8 take 2 rows: with 6 x 4 accumulators the p.V of a
+/// 256-token chunk of d256 (16 blocks of 16, resident in L2) took 61-63 ns per token, with 6 x 2
+/// 38-55 ns (four runs each).
 template <int HG>
-inline constexpr int kRowTile = HG == 1 ? 16 : (HG == 2 ? 8 : (HG == 3 ? 6 : 4));
+inline constexpr int kRowTile = HG == 1 ? 16 : (HG == 2 ? 8 : (HG == 3 ? 6 : (HG == 4 ? 4 : 2)));
 
 /// o[g][d] = o[g][d] * weight[g] (with `rescale`) + sum over the runs of p_g * v[d] for heads
 /// [g0, g0 + HG) and rows [d0, d0 + R), for a block size B that is a multiple of 16. Lanes past
@@ -193,12 +248,16 @@ KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a,
 #pragma GCC unroll 2
       for (int j = 0; j < B; j += 16) {
         __m512 vv[R];
+        if constexpr (B == 16) {  // the tile's rows are adjacent
+          load_consecutive(v + j, vv);
+        } else {
 #pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) vv[r] = load16(v + r * B + j);
-#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) vv[r] = load16(v + r * B + j);
+        }
+#pragma GCC unroll 8
         for (int g = 0; g < HG; ++g) {
           __m512 pv = _mm512_loadu_ps(p + g * ps + j);
-          KPA_IMPL_IN_REGISTER(pv);
+          KPA_IMPL_IN_ZMM(pv);
 #pragma GCC unroll 16
           for (int r = 0; r < R; ++r) acc[g * R + r] = _mm512_fmadd_ps(pv, vv[r], acc[g * R + r]);
         }
@@ -210,7 +269,7 @@ KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a,
         __m512 vv[R];
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) vv[r] = load16_first(v + r * B + j, n);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int g = 0; g < HG; ++g) {
           const __m512 pv = _mm512_maskz_loadu_ps(mask, p + g * ps + j);
 #pragma GCC unroll 16
@@ -238,7 +297,7 @@ KPA_IMPL_AVX512 void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin,
     avx2::chunk_values<H, CacheT>(a, d_begin, d_end);
     return;
   }
-  constexpr int HG = avx2::kHeadTile<H>;
+  constexpr int HG = kHeadTile<H>;
   constexpr int R = kRowTile<HG>;
   avx2::ValueRun<CacheT> runs[avx2::kMaxRuns];
   for (int first = 0; first < a.blocks; first += avx2::kMaxRuns) {
@@ -254,6 +313,8 @@ KPA_IMPL_AVX512 void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin,
 }
 
 }  // namespace kpa::detail::avx512
+
+#undef KPA_IMPL_IN_ZMM
 
 #ifdef KPA_IMPL_AVX512_DIAGNOSTICS_PUSHED
 #pragma GCC diagnostic pop
