@@ -34,10 +34,6 @@
 #define KPA_IMPL_AVX512_INLINE \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"), always_inline))
 
-/// KPA_IMPL_IN_REGISTER for AVX-512 code: "v" admits all 32 registers ("x" only the first 16,
-/// which costs a register copy per use).
-#define KPA_IMPL_IN_ZMM(v) __asm__("" : "+v"(v))
-
 namespace kpa::detail::avx512 {
 
 /// Cache types with AVX-512 loops (f32 caches run the AVX2 ones).
@@ -85,23 +81,21 @@ KPA_IMPL_AVX512_INLINE inline __m512i fp8_as_half32(const CacheT* p) {
   }
 }
 
-/// out[i] = the 16 cache elements at p + 16 i as floats (times 1 / avx2::Load<CacheT>::scale).
+/// out[i] = the 16 cache elements at p + 16 i as floats (times 1 / avx2::Load<CacheT>::scale);
+/// fp8 codes two registers at a time.
 template <int N, class CacheT>
 KPA_IMPL_AVX512_INLINE inline void load_consecutive(const CacheT* p, __m512 (&out)[N]) {
-#pragma GCC unroll 16
-  for (int i = 0; i < N; ++i) {
-    if constexpr (sizeof(CacheT) == 1) {
-      if (i % 2 == 0 && i + 1 < N) {
-        const __m512i h = fp8_as_half32(p + 16 * i);
-        out[i] = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
-        out[i + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-      } else if (i % 2 == 0) {
-        out[i] = load16(p + 16 * i);
-      }
-    } else {
-      out[i] = load16(p + 16 * i);
+  int i = 0;
+  if constexpr (sizeof(CacheT) == 1) {
+#pragma GCC unroll 8
+    for (; i + 2 <= N; i += 2) {
+      const __m512i h = fp8_as_half32(p + 16 * i);
+      out[i] = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+      out[i + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
     }
   }
+#pragma GCC unroll 16
+  for (; i < N; ++i) out[i] = load16(p + 16 * i);
 }
 
 /// The same for the first n (0..16) elements, zeros after; nothing past them is read.
@@ -174,7 +168,7 @@ KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a,
     for (int g = 0; g < HG; ++g) {
       const float* qg = q + g * a.head_size + v * X;
       __m512 qv = SPR == 2 ? _mm512_broadcast_f32x8(_mm256_loadu_ps(qg)) : _mm512_loadu_ps(qg);
-      KPA_IMPL_IN_ZMM(qv);
+      KPA_IMPL_IN_REGISTER(qv);
 #pragma GCC unroll 8
       for (int j = 0; j < KR; ++j) acc[j * HG + g] = _mm512_fmadd_ps(qv, k[j], acc[j * HG + g]);
     }
@@ -257,7 +251,7 @@ KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a,
 #pragma GCC unroll 8
         for (int g = 0; g < HG; ++g) {
           __m512 pv = _mm512_loadu_ps(p + g * ps + j);
-          KPA_IMPL_IN_ZMM(pv);
+          KPA_IMPL_IN_REGISTER(pv);
 #pragma GCC unroll 16
           for (int r = 0; r < R; ++r) acc[g * R + r] = _mm512_fmadd_ps(pv, vv[r], acc[g * R + r]);
         }
@@ -313,8 +307,6 @@ KPA_IMPL_AVX512 void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin,
 }
 
 }  // namespace kpa::detail::avx512
-
-#undef KPA_IMPL_IN_ZMM
 
 #ifdef KPA_IMPL_AVX512_DIAGNOSTICS_PUSHED
 #pragma GCC diagnostic pop

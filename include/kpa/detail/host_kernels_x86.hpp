@@ -265,8 +265,9 @@ KPA_IMPL_AVX2 inline void row_soft_cap(float* p, int n, float cap) {
 }
 
 /// Keeps a loaded vector in a register: compilers otherwise fold the load into every FMA that
-/// uses it, and the loads, not the FMAs, limit the loop.
-#define KPA_IMPL_IN_REGISTER(v) __asm__("" : "+x"(v))
+/// uses it, and the loads, not the FMAs, limit the loop. "v": any vector register the target
+/// has (all 32 under AVX-512; "x" admits only the first 16, which costs a copy per use there).
+#define KPA_IMPL_IN_REGISTER(v) __asm__("" : "+v"(v))
 
 // ---- q.k ----
 
