@@ -384,6 +384,58 @@ void check_fp8_codes(HostIsa isa) {
   }
 }
 
+// The prefetcher's cursor: take() hands out runs of whole lines, within one block, of the listed
+// blocks' keys and then values in list order, skipping ids < 0, from the line a block starts in
+// to the one it ends in; no more than the allowance, spread by pace().
+TEST(HostKernels, PrefetcherWalksTheListedBlocks) {
+  using kpa::detail::BlockPrefetcher;
+  alignas(64) static char cache[2 * 4 * 256 + 64];
+  const char* keys = cache + 8;  // blocks of 200 bytes every 256, starting 8 bytes into a line
+  const char* values = keys + 4 * 256;
+  const int ids[] = {3, -1, 0};
+  std::vector<const char*> expected;
+  for (int id : {3, 0}) {
+    for (const char* base : {keys, values}) {
+      const char* start = base + id * 256;
+      for (const char* line = start - 8; line < start + 200; line += 64) expected.push_back(line);
+    }
+  }
+  BlockPrefetcher prefetcher(keys, values, 256, 200, ids, 3);
+  prefetcher.allow(1000);
+  prefetcher.pace(1);
+  std::vector<const char*> lines;
+  for (BlockPrefetcher::Run run = prefetcher.take(3); run.first != nullptr; run = prefetcher.take(3)) {
+    ASSERT_LE(run.end - run.first, 3 * 64) << "more than asked for";
+    ASSERT_GT(run.end, run.first);
+    for (const char* line = run.first; line < run.end; line += 64) lines.push_back(line);
+    ASSERT_LE(lines.size(), expected.size());
+  }
+  EXPECT_EQ(lines, expected);
+
+  // An allowance of 5 over 2 tiles: 3 lines, then the block's last one, then the next block's
+  // first, then none until more is allowed; finish() asks for what is allowed at once.
+  BlockPrefetcher paced(keys, values, 256, 200, ids, 3);
+  paced.allow(5);
+  paced.pace(2);
+  const BlockPrefetcher::Run first = paced.take(10);
+  EXPECT_EQ(first.first, keys + 3 * 256 - 8);
+  EXPECT_EQ(first.end - first.first, 3 * 64);
+  const BlockPrefetcher::Run last = paced.take(10);
+  EXPECT_EQ(last.end - last.first, 64);
+  const BlockPrefetcher::Run next = paced.take(10);
+  EXPECT_EQ(next.first, values + 3 * 256 - 8);
+  EXPECT_EQ(next.end - next.first, 64);
+  EXPECT_EQ(paced.take(10).first, nullptr) << "the allowance is spent";
+  paced.allow(1);
+  paced.finish();  // values block 3's second line
+  EXPECT_EQ(paced.take(10).first, nullptr) << "finish() spends the allowance";
+  paced.allow(64);
+  paced.pace(1);
+  const BlockPrefetcher::Run rest = paced.take(64);
+  EXPECT_EQ(rest.first, values + 3 * 256 - 8 + 128);
+  EXPECT_EQ(rest.end - rest.first, 2 * 64) << "up to the block's end";
+}
+
 TEST(HostKernels, Fp8CodesWidenExactly) {
   for (HostIsa isa : isas_here()) {
     check_fp8_codes<kpa::fp8_e4m3>(isa);

@@ -8,11 +8,14 @@
 // Register tiles (32 zmm registers), each register 16 cache elements widened to float:
 //   q.k    a key register holds 16 consecutive elements of one key-vector row of the block: two
 //          slots x 8 dimensions for 16-bit caches (the query's 8 dimensions broadcast to both
-//          halves), one slot x 16 dimensions for fp8; accumulators per (key register, head) over
+//          halves), one slot x 16 dimensions for fp8; accumulators per (head, key register) over
 //          the head size, for HG heads x KR key registers;
 //   p.V    a value register holds 16 slots of one output row (block sizes 16 and 32, vLLM's
 //          usual ones; others run the AVX2 tiles); accumulators per (head, row) over the chunk,
 //          reduced once at its end.
+// A tile's accumulators are reduced by a transposing tree, 8 registers into one register of
+// sums in order (reduce_halves, reduce_all), which the tile adds to its logits or output rows
+// a head at a time in whole vectors.
 // A tile takes all heads of a GQA group of up to 8 (kHeadTile), so each cache element is widened
 // once per pass: widening a register takes the FMA ports for two instructions (fp8: about five),
 // and with the AVX2 tiles' groups of at most 4 a group of 6 or 8 widened each element twice. fp8
@@ -118,25 +121,102 @@ KPA_IMPL_AVX512_INLINE inline __m512 load16_first(const CacheT* p, int n) {
   }
 }
 
-/// out[2i], out[2i + 1] = the sums of lanes [0, 8) and [8, 16) of acc[i] (two slots per register).
+/// Floats reduce_halves<N> writes: whole registers of 16 sums.
 template <int N>
-KPA_IMPL_AVX512_INLINE inline void reduce_halves(const __m512 (&acc)[N], float (&out)[2 * N]) {
-  __m256 halves[2 * N];
-#pragma GCC unroll 16
-  for (int i = 0; i < N; ++i) {
-    halves[2 * i] = _mm512_castps512_ps256(acc[i]);
-    halves[2 * i + 1] = _mm512_extractf32x8_ps(acc[i], 1);
+inline constexpr int kHalvesCapacity = (2 * N + 15) / 16 * 16;
+
+/// out[2i], out[2i + 1] = the sums of lanes [0, 8) and [8, 16) of acc[i] for i < N (two sums per
+/// register), zeros after them up to kHalvesCapacity<N>; `out` 64-byte aligned. A transposing
+/// tree, 8 registers into one: 15 shuffles and 7 adds (lane by lane through 256-bit halves and
+/// hadd it took about three times the shuffle port's time, a third of a d128 q.k tile).
+template <int N>
+KPA_IMPL_AVX512_INLINE inline void reduce_halves(const __m512 (&acc)[N], float* out) {
+  const __m512i natural = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+#pragma GCC unroll 4
+  for (int first = 0; first < N; first += 8) {
+    __m512 a[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) a[i] = first + i < N ? acc[first + i] : _mm512_setzero_ps();
+    // s[k]'s 128-bit quarter m: four partial sums of sum 4k + m (of this group's 16).
+    __m512 s[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      s[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0x88),
+                           _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0xdd));
+    }
+    // w[k]'s quarter m: two partial sums of sum 8k + m, then two of sum 8k + 4 + m.
+    __m512 w[2];
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; ++k) {
+      w[k] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * k], s[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_ps(s[2 * k], s[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    // Lane 4m + c: sum m + 4c; the permutation puts sum i in lane i.
+    const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm512_store_ps(out + 2 * first, _mm512_permutexvar_ps(natural, z));
   }
-  avx2::reduce_lanes(halves, out);
 }
 
-/// out[i] = the sum of the 16 lanes of acc[i].
+/// Floats reduce_all<N> writes.
 template <int N>
-KPA_IMPL_AVX512_INLINE inline void reduce_all(const __m512 (&acc)[N], float (&out)[N]) {
-  __m256 folded[N];
+inline constexpr int kAllCapacity = kHalvesCapacity<(N + 1) / 2>;
+
+/// out[i] = the sum of the 16 lanes of acc[i] for i < N, zeros after up to kAllCapacity<N>;
+/// `out` 64-byte aligned. Pairs of registers fold into one of two 8-lane halves first.
+template <int N>
+KPA_IMPL_AVX512_INLINE inline void reduce_all(const __m512 (&acc)[N], float* out) {
+  constexpr int M = (N + 1) / 2;
+  __m512 halves[M];
 #pragma GCC unroll 16
-  for (int i = 0; i < N; ++i) folded[i] = _mm256_add_ps(_mm512_castps512_ps256(acc[i]), _mm512_extractf32x8_ps(acc[i], 1));
-  avx2::reduce_lanes(folded, out);
+  for (int i = 0; i < M; ++i) {
+    const __m512 a = acc[2 * i], b = 2 * i + 1 < N ? acc[2 * i + 1] : _mm512_setzero_ps();
+    halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+  }
+  reduce_halves(halves, out);
+}
+
+/// dst[i] = src[i] * scale for i < W, in registers of 16, 8 and 4 floats and single floats.
+template <int W>
+KPA_IMPL_AVX512_INLINE inline void store_scaled_span(const float* src, float scale, float* dst) {
+  if constexpr (W >= 16) {
+    _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_loadu_ps(src), _mm512_set1_ps(scale)));
+    store_scaled_span<W - 16>(src + 16, scale, dst + 16);
+  } else if constexpr (W >= 8) {
+    _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_loadu_ps(src), _mm256_set1_ps(scale)));
+    store_scaled_span<W - 8>(src + 8, scale, dst + 8);
+  } else if constexpr (W >= 4) {
+    _mm_storeu_ps(dst, _mm_mul_ps(_mm_loadu_ps(src), _mm_set1_ps(scale)));
+    store_scaled_span<W - 4>(src + 4, scale, dst + 4);
+  } else if constexpr (W >= 1) {
+    dst[0] = src[0] * scale;
+    store_scaled_span<W - 1>(src + 1, scale, dst + 1);
+  }
+}
+
+/// o[i] = (rescale ? o[i] * weight : o[i]) + src[i] * scale for i < W, registers as above.
+template <int W>
+KPA_IMPL_AVX512_INLINE inline void add_scaled_span(const float* src, float scale, float weight, bool rescale,
+                                                   float* o) {
+  if constexpr (W >= 16) {
+    __m512 v = _mm512_loadu_ps(o);
+    if (rescale) v = _mm512_mul_ps(v, _mm512_set1_ps(weight));
+    _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_loadu_ps(src), _mm512_set1_ps(scale), v));
+    add_scaled_span<W - 16>(src + 16, scale, weight, rescale, o + 16);
+  } else if constexpr (W >= 8) {
+    __m256 v = _mm256_loadu_ps(o);
+    if (rescale) v = _mm256_mul_ps(v, _mm256_set1_ps(weight));
+    _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(src), _mm256_set1_ps(scale), v));
+    add_scaled_span<W - 8>(src + 8, scale, weight, rescale, o + 8);
+  } else if constexpr (W >= 4) {
+    __m128 v = _mm_loadu_ps(o);
+    if (rescale) v = _mm_mul_ps(v, _mm_set1_ps(weight));
+    _mm_storeu_ps(o, _mm_fmadd_ps(_mm_loadu_ps(src), _mm_set1_ps(scale), v));
+    add_scaled_span<W - 4>(src + 4, scale, weight, rescale, o + 4);
+  } else if constexpr (W >= 1) {
+    o[0] = (rescale ? o[0] * weight : o[0]) + src[0] * scale;
+    add_scaled_span<W - 1>(src + 1, scale, weight, rescale, o + 1);
+  }
 }
 
 /// Heads per register tile: a whole group of up to 8 (passes of 16 rows take two tiles).
@@ -145,14 +225,16 @@ inline constexpr int kHeadTile = H <= 4 || H == 6 ? H : 8;
 
 // ---- q.k ----
 
-/// Key registers per q.k tile for HG heads: KR x HG accumulators, KR key registers, one query
-/// register (at most 29 of the 32).
+/// Key registers per q.k tile for HG heads: HG x KR accumulators, KR key registers, one query
+/// register (at most 29 of the 32). For 8 heads, 3 key registers were no faster than 2 (a
+/// block of 16 slots then ends in a one-register tile).
 template <int HG>
 inline constexpr int kKeyTile = HG <= 2 ? 8 : (HG == 3 ? 6 : (HG <= 6 ? 4 : 2));
 
 /// Logits of the slots in KR key registers (the first slot `slot`) for heads [g0, g0 + HG).
 template <int KR, int HG, class CacheT>
-KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a, int g0, int slot) {
+KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch, int g0,
+                                               int slot) {
   constexpr int X = static_cast<int>(16 / sizeof(CacheT));  // elements of a key vector
   constexpr int SPR = 16 / X;                                // slots per key register
   const int stride = a.block_size * X, vectors = a.head_size / X;
@@ -161,7 +243,9 @@ KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a,
   __m512 acc[KR * HG];
 #pragma GCC unroll 32
   for (int i = 0; i < KR * HG; ++i) acc[i] = _mm512_setzero_ps();
+  BlockPrefetcher::Run ahead = prefetch.take(2 * vectors);
   for (int v = 0; v < vectors; ++v) {
+    ask_ahead(ahead);
     __m512 k[KR];
     load_consecutive(key + v * stride, k);
 #pragma GCC unroll 8
@@ -170,26 +254,20 @@ KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a,
       __m512 qv = SPR == 2 ? _mm512_broadcast_f32x8(_mm256_loadu_ps(qg)) : _mm512_loadu_ps(qg);
       KPA_IMPL_IN_REGISTER(qv);
 #pragma GCC unroll 8
-      for (int j = 0; j < KR; ++j) acc[j * HG + g] = _mm512_fmadd_ps(qv, k[j], acc[j * HG + g]);
+      for (int j = 0; j < KR; ++j) acc[g * KR + j] = _mm512_fmadd_ps(qv, k[j], acc[g * KR + j]);
     }
   }
-  float sums[KR * HG * SPR];
+  // sums[g * KR * SPR + i]: head g0 + g, slot slot + i.
+  alignas(64) float sums[SPR == 2 ? kHalvesCapacity<HG * KR> : kAllCapacity<HG * KR>];
   if constexpr (SPR == 2) {
     reduce_halves(acc, sums);
   } else {
     reduce_all(acc, sums);
   }
-  // sums[(j * HG + g) * SPR + h] is slot slot + j * SPR + h, head g0 + g.
 #pragma GCC unroll 8
-  for (int j = 0; j < KR; ++j) {
-#pragma GCC unroll 8
-    for (int g = 0; g < HG; ++g) {
-#pragma GCC unroll 2
-      for (int h = 0; h < SPR; ++h) {
-        a.logits[(g0 + g) * a.logits_stride + slot + j * SPR + h] =
-            sums[(j * HG + g) * SPR + h] * avx2::Load<CacheT>::scale;
-      }
-    }
+  for (int g = 0; g < HG; ++g) {
+    store_scaled_span<KR * SPR>(sums + g * KR * SPR, avx2::Load<CacheT>::scale,
+                                a.logits + (g0 + g) * a.logits_stride + slot);
   }
 }
 
@@ -204,37 +282,45 @@ KPA_IMPL_AVX512 void block_logits(const BlockLogitsArgs<CacheT>& a) {
     portable::block_logits<H, CacheT>(a);
     return;
   }
+  BlockPrefetcher none;
+  BlockPrefetcher& prefetch = a.prefetch != nullptr ? *a.prefetch : none;
+  prefetch.pace(H / HG * ((a.slots + KR * SPR - 1) / (KR * SPR)));
   for (int g0 = 0; g0 < H; g0 += HG) {
     int slot = 0;
-    for (; slot + KR * SPR <= a.slots; slot += KR * SPR) logits_tile<KR, HG>(a, g0, slot);
-    for (; slot + SPR <= a.slots; slot += SPR) logits_tile<1, HG>(a, g0, slot);
-    for (; slot < a.slots; ++slot) avx2::logits_slots<1, HG>(a, g0, slot);  // an odd last slot
+    for (; slot + KR * SPR <= a.slots; slot += KR * SPR) logits_tile<KR, HG>(a, prefetch, g0, slot);
+    for (; slot + SPR <= a.slots; slot += SPR) logits_tile<1, HG>(a, prefetch, g0, slot);
+    for (; slot < a.slots; ++slot) avx2::logits_slots<1, HG>(a, prefetch, g0, slot);  // an odd last slot
   }
+  prefetch.finish();
 }
 
 // ---- p.V ----
 
 /// Output rows per p.V tile for HG heads: HG x R accumulators, R value registers, one
-/// probability register. Groups of 6 and 8 take 2 rows: with 6 x 4 accumulators the p.V of a
-/// 256-token chunk of d256 (16 blocks of 16, resident in L2) took 61-63 ns per token, with 6 x 2
-/// 38-55 ns (four runs each).
+/// probability register (at most 29 of the 32). With the transposing reduction, 6 x 4 took
+/// 4.0 us for the p.V of a 256-token chunk of d128 (host_pv) against 4.8 for 6 x 2, and 8 x 3
+/// 5.6-5.8 against 6.0-6.2 for 8 x 2 (with the reduction through 256-bit halves 6 x 2 was the
+/// faster).
 template <int HG>
-inline constexpr int kRowTile = HG == 1 ? 16 : (HG == 2 ? 8 : (HG == 3 ? 6 : (HG == 4 ? 4 : 2)));
+inline constexpr int kRowTile = HG == 1 ? 16 : (HG == 2 ? 8 : (HG == 3 ? 6 : (HG == 4 || HG == 6 ? 4 : 3)));
 
 /// o[g][d] = o[g][d] * weight[g] (with `rescale`) + sum over the runs of p_g * v[d] for heads
 /// [g0, g0 + HG) and rows [d0, d0 + R), for a block size B that is a multiple of 16. Lanes past
 /// a run's slots are zero in both operands (the cache there may hold NaN: a zero lane, not
 /// 0 * NaN).
 template <int HG, int R, int B, class CacheT>
-KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a, const avx2::ValueRun<CacheT>* runs,
-                                               int count, int g0, int d0, bool rescale) {
+KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch,
+                                               const avx2::ValueRun<CacheT>* runs, int count, int g0, int d0,
+                                               bool rescale) {
   static_assert(B % 16 == 0, "whole registers per block row");
   const std::int64_t row0 = static_cast<std::int64_t>(d0) * B;
   const int ps = a.probs_stride;
   __m512 acc[HG * R];
 #pragma GCC unroll 32
   for (int i = 0; i < HG * R; ++i) acc[i] = _mm512_setzero_ps();
+  BlockPrefetcher::Run ahead = prefetch.take(2 * count);
   for (int run = 0; run < count; ++run) {
+    ask_ahead(ahead);
     const CacheT* v = runs[run].values + row0;
     const float* p = runs[run].probs + g0 * ps;
     const int slots = runs[run].slots;
@@ -272,17 +358,22 @@ KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a,
       }
     }
   }
-  float sums[HG * R];
+  alignas(64) float sums[kAllCapacity<HG * R>];  // sums[g * R + r]: head g0 + g, row d0 + r
   reduce_all(acc, sums);
-  avx2::add_values_sums<HG, R>(a, sums, g0, d0, rescale);
+#pragma GCC unroll 8
+  for (int g = 0; g < HG; ++g) {
+    add_scaled_span<R>(sums + g * R, avx2::Load<CacheT>::scale, a.weight[g0 + g], rescale,
+                       a.o + (g0 + g) * a.head_size + d0);
+  }
 }
 
 template <int HG, int R, int B, class CacheT>
-KPA_IMPL_AVX512_INLINE inline void values_rows(const ChunkValuesArgs<CacheT>& a, const avx2::ValueRun<CacheT>* runs,
-                                               int count, int g0, int d_begin, int d_end, bool rescale) {
+KPA_IMPL_AVX512_INLINE inline void values_rows(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch,
+                                               const avx2::ValueRun<CacheT>* runs, int count, int g0, int d_begin,
+                                               int d_end, bool rescale) {
   int d = d_begin;
-  for (; d + R <= d_end; d += R) values_tile<HG, R, B>(a, runs, count, g0, d, rescale);
-  for (; d < d_end; ++d) values_tile<HG, 1, B>(a, runs, count, g0, d, rescale);
+  for (; d + R <= d_end; d += R) values_tile<HG, R, B>(a, prefetch, runs, count, g0, d, rescale);
+  for (; d < d_end; ++d) values_tile<HG, 1, B>(a, prefetch, runs, count, g0, d, rescale);
 }
 
 template <int H, class CacheT>
@@ -293,17 +384,21 @@ KPA_IMPL_AVX512 void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin,
   }
   constexpr int HG = kHeadTile<H>;
   constexpr int R = kRowTile<HG>;
+  BlockPrefetcher none;
+  BlockPrefetcher& prefetch = a.prefetch != nullptr ? *a.prefetch : none;
+  prefetch.pace(H / HG * ((d_end - d_begin + R - 1) / R));
   avx2::ValueRun<CacheT> runs[avx2::kMaxRuns];
   for (int first = 0; first < a.blocks; first += avx2::kMaxRuns) {
     const int count = avx2::attended_runs(a, first, runs);
     for (int g0 = 0; g0 < H; g0 += HG) {
       if (a.block_size == 16) {
-        values_rows<HG, R, 16>(a, runs, count, g0, d_begin, d_end, first == 0);
+        values_rows<HG, R, 16>(a, prefetch, runs, count, g0, d_begin, d_end, first == 0);
       } else {
-        values_rows<HG, R, 32>(a, runs, count, g0, d_begin, d_end, first == 0);
+        values_rows<HG, R, 32>(a, prefetch, runs, count, g0, d_begin, d_end, first == 0);
       }
     }
   }
+  prefetch.finish();
 }
 
 }  // namespace kpa::detail::avx512

@@ -278,13 +278,14 @@ inline constexpr int kHeadTile = H == 6 ? 3 : (H < 4 ? H : 4);
 /// Logits of S consecutive slots (the first at `key`) for HG heads (the first at q).
 template <int S, int HG, class CacheT>
 KPA_IMPL_AVX2_INLINE inline void logits_tile(const CacheT* key, int stride, int vectors, const float* q, int head_size,
-                                      float (&out)[S * HG]) {
+                                             BlockPrefetcher::Run& ahead, float (&out)[S * HG]) {
   constexpr int X = static_cast<int>(16 / sizeof(CacheT));
   __m256 acc[S * HG];
 #pragma GCC unroll 16
   for (int i = 0; i < S * HG; ++i) acc[i] = _mm256_setzero_ps();
   if constexpr (X == 16) {  // fp8: a key vector is 16 dimensions, widened at once
     for (int u = 0; u < vectors / 2; ++u) {
+      ask_ahead(ahead);
 #pragma GCC unroll 8
       for (int s = 0; s < S; ++s) {
         __m256 lo, hi;
@@ -301,6 +302,7 @@ KPA_IMPL_AVX2_INLINE inline void logits_tile(const CacheT* key, int stride, int 
     return;
   }
   for (int v = 0; v < vectors; ++v) {
+    ask_ahead(ahead);
     if constexpr (HG == 1) {  // each key vector used once: converted straight into its FMA
       __m256 qv = _mm256_loadu_ps(q + 8 * v);
       KPA_IMPL_IN_REGISTER(qv);
@@ -323,11 +325,13 @@ KPA_IMPL_AVX2_INLINE inline void logits_tile(const CacheT* key, int stride, int 
 }
 
 template <int S, int HG, class CacheT>
-KPA_IMPL_AVX2_INLINE inline void logits_slots(const BlockLogitsArgs<CacheT>& a, int g0, int slot) {
+KPA_IMPL_AVX2_INLINE inline void logits_slots(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch, int g0,
+                                              int slot) {
   constexpr int X = static_cast<int>(16 / sizeof(CacheT));
   float sums[S * HG];
+  BlockPrefetcher::Run ahead = prefetch.take(a.head_size / 8);
   logits_tile<S, HG>(a.key_block + slot * X, a.block_size * X, a.head_size / 8, a.q + g0 * a.head_size, a.head_size,
-                     sums);
+                     ahead, sums);
 #pragma GCC unroll 8
   for (int s = 0; s < S; ++s) {
 #pragma GCC unroll 4
@@ -350,11 +354,15 @@ KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a) {
   constexpr int HG = kHeadTile<H>;
   constexpr int S = kSlotTile<HG>;
   static_assert(H % HG == 0, "head tiles divide the heads of a pass");
+  BlockPrefetcher none;
+  BlockPrefetcher& prefetch = a.prefetch != nullptr ? *a.prefetch : none;
+  prefetch.pace(H / HG * ((a.slots + S - 1) / S));
   for (int g0 = 0; g0 < H; g0 += HG) {
     int slot = 0;
-    for (; slot + S <= a.slots; slot += S) logits_slots<S, HG>(a, g0, slot);
-    for (; slot < a.slots; ++slot) logits_slots<1, HG>(a, g0, slot);
+    for (; slot + S <= a.slots; slot += S) logits_slots<S, HG>(a, prefetch, g0, slot);
+    for (; slot < a.slots; ++slot) logits_slots<1, HG>(a, prefetch, g0, slot);
   }
+  prefetch.finish();
 }
 
 // ---- p.V ----
@@ -409,8 +417,8 @@ KPA_IMPL_AVX2 inline void finish_values_tile(const ChunkValuesArgs<CacheT>& a, c
 /// filled, loads whole vectors of its block and zeroes the lanes past its slots (they may hold
 /// NaN: a zero lane, not 0 * NaN).
 template <int HG, int R, int B, class CacheT>
-KPA_IMPL_AVX2 inline void values_tile_fixed(const ChunkValuesArgs<CacheT>& a, const ValueRun<CacheT>* runs, int count,
-                                            int g0, int d0, bool rescale) {
+KPA_IMPL_AVX2 inline void values_tile_fixed(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch,
+                                            const ValueRun<CacheT>* runs, int count, int g0, int d0, bool rescale) {
   static_assert(B % 8 == 0, "whole vectors per block row");
   const std::int64_t row0 = static_cast<std::int64_t>(d0) * B;
   const int ps = a.probs_stride;
@@ -418,7 +426,9 @@ KPA_IMPL_AVX2 inline void values_tile_fixed(const ChunkValuesArgs<CacheT>& a, co
 #pragma GCC unroll 16
   for (int i = 0; i < HG * R; ++i) acc[i] = _mm256_setzero_ps();
   const int full = count > 0 && runs[count - 1].slots < B ? count - 1 : count;
+  BlockPrefetcher::Run ahead = prefetch.take(2 * full);
   for (int run = 0; run < full; ++run) {
+    ask_ahead(ahead);
     const CacheT* v = runs[run].values + row0;
     const float* p = runs[run].probs + g0 * ps;
     if constexpr (sizeof(CacheT) == 1 && B % 16 == 0) {  // fp8: 16 slots of a row widened at once
@@ -474,14 +484,16 @@ KPA_IMPL_AVX2 inline void values_tile_fixed(const ChunkValuesArgs<CacheT>& a, co
 /// values_tile_fixed for any block size: a block row may end inside a vector, so the last
 /// vector of each run is read only as far as its slots.
 template <int HG, int R, class CacheT>
-KPA_IMPL_AVX2 inline void values_tile(const ChunkValuesArgs<CacheT>& a, const ValueRun<CacheT>* runs, int count,
-                                      int g0, int d0, bool rescale) {
+KPA_IMPL_AVX2 inline void values_tile(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch,
+                                      const ValueRun<CacheT>* runs, int count, int g0, int d0, bool rescale) {
   const int B = a.block_size;
   const std::int64_t row0 = static_cast<std::int64_t>(d0) * B;
   __m256 acc[HG * R];
 #pragma GCC unroll 16
   for (int i = 0; i < HG * R; ++i) acc[i] = _mm256_setzero_ps();
+  BlockPrefetcher::Run ahead = prefetch.take(2 * count);
   for (int run = 0; run < count; ++run) {
+    ask_ahead(ahead);
     const CacheT* v = runs[run].values + row0;
     const float* p = runs[run].probs + g0 * a.probs_stride;
     const int slots = runs[run].slots;
@@ -535,6 +547,9 @@ template <int H, class CacheT>
 KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin, int d_end) {
   constexpr int HG = kHeadTile<H>;
   constexpr int R = kRowTile<HG>;
+  BlockPrefetcher none;
+  BlockPrefetcher& prefetch = a.prefetch != nullptr ? *a.prefetch : none;
+  prefetch.pace(H / HG * ((d_end - d_begin + R - 1) / R));
   ValueRun<CacheT> runs[kMaxRuns];
   for (int first = 0; first < a.blocks; first += kMaxRuns) {
     const int count = attended_runs(a, first, runs);
@@ -542,15 +557,16 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin, i
       int d = d_begin;
       for (; d + R <= d_end; d += R) {
         switch (a.block_size) {  // vLLM's block sizes
-          case 8: values_tile_fixed<HG, R, 8>(a, runs, count, g0, d, first == 0); break;
-          case 16: values_tile_fixed<HG, R, 16>(a, runs, count, g0, d, first == 0); break;
-          case 32: values_tile_fixed<HG, R, 32>(a, runs, count, g0, d, first == 0); break;
-          default: values_tile<HG, R>(a, runs, count, g0, d, first == 0); break;
+          case 8: values_tile_fixed<HG, R, 8>(a, prefetch, runs, count, g0, d, first == 0); break;
+          case 16: values_tile_fixed<HG, R, 16>(a, prefetch, runs, count, g0, d, first == 0); break;
+          case 32: values_tile_fixed<HG, R, 32>(a, prefetch, runs, count, g0, d, first == 0); break;
+          default: values_tile<HG, R>(a, prefetch, runs, count, g0, d, first == 0); break;
         }
       }
-      for (; d < d_end; ++d) values_tile<HG, 1>(a, runs, count, g0, d, first == 0);
+      for (; d < d_end; ++d) values_tile<HG, 1>(a, prefetch, runs, count, g0, d, first == 0);
     }
   }
+  prefetch.finish();
 }
 
 // ---- Query and output rows ----

@@ -10,10 +10,14 @@
 //      head's rescale weight for its running output;
 //   3. o = o * weight + p . V: members take ranges of output dimensions, each V element read once
 //      for every row (chunk_values).
-// Software prefetch, one block ahead: the next block's keys and this block's values (measured
-// on 1 x 8192 tokens, 32/8 heads, f16, warm caches: 10-20% faster; a whole chunk ahead: nothing;
-// the next chunk's keys spread over the value sums instead: 5-10% slower on 32 x 4096 tokens;
-// these prefetches spread over the q.k register tiles rather than issued at once: within noise).
+// Software prefetch: blocks are pages in any order, each a new stream for the CPU's own
+// prefetchers. During each chunk the next chunk's keys and values are asked for a line or two
+// at a time from inside the register tiles (BlockPrefetcher), half during the logits and half
+// during p.V; the pass's first chunk, which no chunk precedes, asks for the next block's keys
+// and this block's values at once as its logits go. Measured with kpa-bench on 8 x 4096
+// tokens, 32/8 heads, f16 (Xeon, AVX-512, 2 threads), against every chunk asking for its
+// blocks one block ahead and at once: cold caches 7.2 ms against 9.2-9.8 ms; a tile's
+// lines asked for at once as it starts: 7.8-8.6 ms.
 // The inner loops are host_kernels.hpp's, for the instruction set the plan names.
 
 #include <kpa/detail/host_kernels.hpp>
@@ -24,18 +28,10 @@
 
 namespace kpa::detail {
 
-/// Asks the caches for `bytes` from `p` ahead of use (into L2 and up on x86): a hint, no effect
-/// on results; nothing on GPUs.
-KOKKOS_INLINE_FUNCTION void prefetch_bytes(const void* p, int bytes) {
-#if !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__) && (defined(__GNUC__) || defined(__clang__))
-  for (int i = 0; i < bytes; i += 64) __builtin_prefetch(static_cast<const char*>(p) + i, 0, 2);
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
-
 struct HostPath {
+  /// Blocks of the next chunk a member's BlockPrefetcher lists (at most).
+  static constexpr int kPrefetchBlocks = 64;
+
   /// Calls f(r, d_begin, d_end) so that the team covers dimensions [0, D) of rows [0, rows) once:
   /// members take whole rows, so per-row work is done once and the inner loops are contiguous.
   template <class Member, class F>
@@ -64,6 +60,30 @@ struct HostPath {
     }
   }
 
+  /// A member's BlockPrefetcher over its share of the blocks of the chunk at `chunk_begin` (up
+  /// to kPrefetchBlocks, listed in `ids`; blocks no row of the pass attends skipped; none past
+  /// the pass), and in `lines` the lines they span.
+  template <int H, class Kernel>
+  KOKKOS_INLINE_FUNCTION static BlockPrefetcher chunk_prefetcher(const Kernel& k, const Pass& pass, int chunk_begin,
+                                                                 const typename Kernel::member_type& member,
+                                                                 int (&ids)[kPrefetchBlocks], int& lines) {
+    using CacheT = typename Kernel::cache_type;
+    const int B = k.geo.block_size, CT = k.geo.chunk_tokens;
+    if (chunk_begin >= pass.end) return BlockPrefetcher();
+    const int blocks = ((pass.end - chunk_begin < CT ? pass.end - chunk_begin : CT) + B - 1) / B;
+    int count = 0;
+    for (int lb = member.team_rank(); lb < blocks && count < kPrefetchBlocks; lb += member.team_size()) {
+      const int block_token = chunk_begin + lb * B;
+      bool attends[H];
+      ids[count++] = k.template block_mask<H>(pass, block_token, attends) ? k.args.block_tables(pass.seq, block_token / B)
+                                                                          : -1;
+    }
+    const int block_bytes = B * k.geo.head_size * static_cast<int>(sizeof(CacheT));
+    lines = 2 * count * (block_bytes / 64 + 2);  // keys and values; a block may start and end mid-line
+    return BlockPrefetcher(k.key_head(pass), k.value_head(pass),
+                           k.geo.cache_block_stride * static_cast<std::int64_t>(sizeof(CacheT)), block_bytes, ids, count);
+  }
+
   template <int H, class Kernel>
   KOKKOS_INLINE_FUNCTION static void attend(const Kernel& k, const typename Kernel::member_type& member,
                                             const TileScratch& s, const Pass& pass, SoftmaxStates<H>& running) {
@@ -76,9 +96,18 @@ struct HostPath {
     float alibi[H];   // slopes; 0: no ALiBi
     int position[H];  // each row's query position
     k.template load_rows<H>(pass, alibi, position);
+    const int block_bytes = B * D * static_cast<int>(sizeof(CacheT));
+    const int members = member.team_size();
+    int prefetch_ids[kPrefetchBlocks];  // this member's share of the next chunk's blocks
     for (int chunk_begin = pass.begin; chunk_begin < pass.end; chunk_begin += CT) {
       const int tokens = (pass.end - chunk_begin < CT) ? pass.end - chunk_begin : CT;
       const int blocks = (tokens + B - 1) / B;
+      const bool first_chunk = chunk_begin == pass.begin;
+
+      int prefetch_lines = 0;
+      BlockPrefetcher prefetcher = chunk_prefetcher<H>(k, pass, chunk_begin + CT, member, prefetch_ids, prefetch_lines);
+      const int member_blocks = (blocks + members - 1) / members;
+      const int logits_share = (prefetch_lines / 2 + member_blocks - 1) / member_blocks;
 
       // 1. Logits of every head of the pass.
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, blocks), [&](int lb) {
@@ -89,19 +118,19 @@ struct HostPath {
         const bool any = k.template block_mask<H>(pass, block_token, attends);
         const int block_id = any ? k.args.block_tables(pass.seq, block_token / B) : -1;
         s.block_ids[lb] = block_id;
+        prefetcher.allow(logits_share);
         if (any) {  // a block no head attends is not read at all
-          // Blocks are pages in any order, each a new stream for the CPU's prefetchers: ask for
-          // the next block's keys (dense patterns only: a sparse one may skip it) and this
-          // block's values while this block's logits are computed.
-          const int block_bytes = B * D * static_cast<int>(sizeof(CacheT));
-          const int next_token = block_token + B;
-          if (k.geo.sparse.vert_stride <= 1 && next_token < pass.end) {
-            const int next_id = k.args.block_tables(pass.seq, next_token / B);
-            prefetch_bytes(key_head + next_id * k.geo.cache_block_stride, block_bytes);
+          if (first_chunk) {
+            // Blocks are pages in any order, each a new stream for the CPU's prefetchers.
+            const int next_token = block_token + B;
+            if (k.geo.sparse.vert_stride <= 1 && next_token < pass.end) {
+              const int next_id = k.args.block_tables(pass.seq, next_token / B);
+              prefetch_bytes(key_head + next_id * k.geo.cache_block_stride, block_bytes);
+            }
+            prefetch_bytes(value_head + block_id * k.geo.cache_block_stride, block_bytes);
           }
-          prefetch_bytes(value_head + block_id * k.geo.cache_block_stride, block_bytes);
           kernels.block_logits(BlockLogitsArgs<CacheT>{key_head + block_id * k.geo.cache_block_stride, B, D, slots,
-                                                       s.q, logits, CT});
+                                                       s.q, logits, CT, &prefetcher});
         }
         for (int g = 0; g < H; ++g) {
           if (any && attends[g]) continue;
@@ -132,8 +161,9 @@ struct HostPath {
       for (int g = 0; g < H; ++g) weight[g] = running.head[g].merge(chunk.head[g]).self;
 
       // 3. o = o * weight + p . V, members taking ranges of output dimensions.
+      prefetcher.allow(prefetch_lines);  // the rest
       const ChunkValuesArgs<CacheT> values{value_head, k.geo.cache_block_stride, s.block_ids, blocks,
-                                           tokens - (blocks - 1) * B, B, D, s.probs, CT, weight, s.o};
+                                           tokens - (blocks - 1) * B, B, D, s.probs, CT, weight, s.o, &prefetcher};
       const int ranges = member.team_size();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, ranges), [&](int r) {
         kernels.chunk_values(values, D * r / ranges, D * (r + 1) / ranges);
