@@ -75,12 +75,11 @@ class BlockPrefetcher {
   }
   /// After the loop: whatever it left of the allowance, at once.
   KOKKOS_INLINE_FUNCTION void finish() {
-    for (; allowed_ > 0; --allowed_) {
-      if (line_ >= end_ && !next_segment()) break;
-      prefetch_line(line_);
-      line_ += 64;
+    per_tile_ = allowed_;
+    for (Run run = take(allowed_); run.first != nullptr; run = take(allowed_)) {
+      prefetch_bytes(run.first, static_cast<int>(run.end - run.first));
     }
-    allowed_ = 0;
+    allowed_ = 0;  // what the list could not give
   }
 
  private:
