@@ -104,7 +104,12 @@ void shapes(benchmark::internal::Benchmark* b) {
   }
 }
 
-// Pass sizes of the usual GQA groups: 4 (Llama 3 8B), 6, 8 (Llama 3 70B).
+// Pass sizes of multi-head attention (1: Llama 2 7B) and of the usual GQA groups: 4 (Llama 3 8B),
+// 6, 8 (Llama 3 70B).
+BENCHMARK_TEMPLATE(host_qk, 1, kpa::half)->Apply(shapes);
+BENCHMARK_TEMPLATE(host_pv, 1, kpa::half)->Apply(shapes);
+BENCHMARK_TEMPLATE(host_qk, 1, kpa::fp8_e4m3)->Apply(shapes);
+BENCHMARK_TEMPLATE(host_pv, 1, kpa::fp8_e4m3)->Apply(shapes);
 BENCHMARK_TEMPLATE(host_qk, 4, kpa::half)->Apply(shapes);
 BENCHMARK_TEMPLATE(host_pv, 4, kpa::half)->Apply(shapes);
 BENCHMARK_TEMPLATE(host_qk, 4, kpa::fp8_e4m3)->Apply(shapes);
