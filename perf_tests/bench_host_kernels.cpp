@@ -96,7 +96,7 @@ void host_pv(benchmark::State& state) {
 /// Every instruction set this CPU runs (the planner's choice among them: KPA_HOST_ISA), for
 /// head sizes 128 and 256 in blocks of 16.
 void shapes(benchmark::internal::Benchmark* b) {
-  const HostIsa best = std::min(kpa::detail::cpu_host_isa(), kpa::detail::kCompiledHostIsa);
+  const HostIsa best = kpa::detail::best_host_isa_here();
   b->ArgNames({"isa", "head_size", "block_size"});
   for (HostIsa isa : {HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512}) {
     if (isa > best) continue;

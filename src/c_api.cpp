@@ -5,7 +5,6 @@
 #include <kpa/kpa.h>
 #include <kpa/kpa.hpp>
 
-#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <condition_variable>
@@ -376,8 +375,7 @@ const char* kpa_version(void) { return kpa::version_string; }
 const char* kpa_host_isa(void) {
   if constexpr (!Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) return "device";
   try {
-    const kpa::HostIsa best = std::min(kpa::detail::cpu_host_isa(), kpa::detail::kCompiledHostIsa);
-    return kpa::to_string(kpa::detail::chosen_host_isa(best)).data();
+    return kpa::to_string(kpa::detail::chosen_host_isa(kpa::detail::best_host_isa_here())).data();
   } catch (const kpa::Error& e) {  // a KPA_HOST_ISA this CPU cannot run
     last_error = e.what();
     return "";

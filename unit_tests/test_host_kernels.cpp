@@ -24,7 +24,7 @@ using kpa::HostIsa;
 
 std::vector<HostIsa> isas_here() {
   std::vector<HostIsa> isas{HostIsa::Portable};
-  const HostIsa best = std::min(kpa::detail::cpu_host_isa(), kpa::detail::kCompiledHostIsa);
+  const HostIsa best = kpa::detail::best_host_isa_here();
   if (best >= HostIsa::Avx2) isas.push_back(HostIsa::Avx2);
   if (best >= HostIsa::Avx512) isas.push_back(HostIsa::Avx512);
   return isas;

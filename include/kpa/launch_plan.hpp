@@ -41,6 +41,9 @@ static constexpr HostIsa kCompiledHostIsa = HostIsa::Avx512;
 #else
 static constexpr HostIsa kCompiledHostIsa = HostIsa::Portable;
 #endif
+/// The best host instruction set this CPU runs that this translation unit has kernels for
+/// (internal linkage, as kCompiledHostIsa differs between translation units).
+static inline HostIsa best_host_isa_here() { return std::min(cpu_host_isa(), kCompiledHostIsa); }
 }  // namespace detail
 
 /// What an execution space can run; the planner never asks for more.
@@ -193,7 +196,7 @@ BackEndLimits BackEndLimits::of(const Space& space) {
     limits.max_team_size = static_cast<int>(space.concurrency());
     limits.max_team_threads = limits.max_team_size * limits.max_vector_length;
     limits.host_path = true;
-    limits.best_host_isa = std::min(detail::cpu_host_isa(), detail::kCompiledHostIsa);
+    limits.best_host_isa = detail::best_host_isa_here();
 #ifdef KPA_ENABLE_DEVICE_PATH_ON_HOST
     limits.device_path = true;
 #else
