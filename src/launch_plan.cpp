@@ -32,6 +32,14 @@ constexpr int kHostMaxPartitionTokens = 4096;
 // 1 x 20000 tokens, 32/2 heads, d256, AVX-512, and about 0.93x on 1 x 8192, 32/8, d128); the
 // device path amortises the chunk's team reduction and barriers over more tokens.
 constexpr int kHostChunkTokens = 256;
+// fp8 caches read by passes of one or two rows (MHA, groups of 2) take half that. Their steps are
+// bound by the widening arithmetic and the reads alike, and the shorter chunk overlaps the two
+// better (kpa-bench, Xeon, AVX-512, 2 threads, 16 x 4096 tokens, three runs each: 32/32 heads
+// 29.2-30.2 ms against 31.9-33.7 ms, 32/16 heads 15.3-15.8 against 16.6-17.5). With more rows, or
+// with f16 caches, 128-token chunks gained nothing or lost up to 8% (32/2 heads, d256, fp8: 4.8
+// against 4.5 ms; 32/32 heads, f16: 45.8-49.5 against 42.9-46.4 ms).
+constexpr int kHostFewRowsFp8ChunkTokens = 128;
+constexpr int kHostFewRows = 2;
 constexpr int kDeviceChunkTokens = 256;
 // Device path: a warp of lanes per team member, and about one team thread per head dimension
 // (so p.V gives every thread one output row), between two and eight warps a team.
@@ -226,6 +234,9 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
   require_positive("num_kv_heads", shape.num_kv_heads);
   require_positive("head_size", shape.head_size);
   require_positive("block_size", shape.block_size);
+  if (shape.cache_element_size != 1 && shape.cache_element_size != 2 && shape.cache_element_size != 4) {
+    plan_error("cache_element_size must be 1 (fp8), 2 or 4 bytes, got " + std::to_string(shape.cache_element_size));
+  }
   require_positive("device profile max_blocks", static_cast<long long>(profile.sm_count) * profile.sm_occupancy *
                                                     profile.subscription_factor);
   if (profile.max_blocks() > std::numeric_limits<int>::max() / 2) plan_error("device profile max_blocks is too large");
@@ -314,8 +325,10 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
     plan.vector_length = options.vector_length > 0 ? options.vector_length : 1;
     plan.team_size = options.team_size > 0 ? options.team_size : 1;
     plan.heads_per_pass = rows_per_pass_for(tile_rows, detail::kHostHeadsPerPass);
-    plan.chunk_tokens = static_cast<int>(std::max<long long>(
-        shape.block_size, (kHostChunkTokens / shape.block_size) * static_cast<long long>(shape.block_size)));
+    const int chunk = shape.cache_element_size == 1 && plan.heads_per_pass <= kHostFewRows ? kHostFewRowsFp8ChunkTokens
+                                                                                            : kHostChunkTokens;
+    plan.chunk_tokens = static_cast<int>(
+        std::max<long long>(shape.block_size, (chunk / shape.block_size) * static_cast<long long>(shape.block_size)));
   }
   if (!is_power_of_two(plan.vector_length) || plan.vector_length > limits.max_vector_length) {
     plan_error("vector_length " + std::to_string(plan.vector_length) + " is not a power of two up to " +

@@ -169,7 +169,8 @@ void check_block_logits(HostIsa isa, int block_size, int head_size) {
     std::vector<float> logits(static_cast<std::size_t>(H) * stride, -12345.0f);
     const kpa::detail::BlockLogitsArgs<S> args{block.keys.data(), block_size,    head_size, slots,
                                                q.data(),          logits.data(), stride};
-    kernels.block_logits(args);
+    kpa::detail::BlockPrefetcher idle;
+    kernels.block_logits(args, idle);
     for (int g = 0; g < H; ++g) {
       for (int slot = 0; slot < slots; ++slot) {
         double dot = 0.0;
@@ -210,7 +211,8 @@ void check_chunk_values(HostIsa isa, int block_size, int head_size, int last) {
                                              head_size,     probs.data(),
                                              probs_stride,  weight.data(),
                                              o.data()};
-  kernels.chunk_values(args, begin, end);
+  kpa::detail::BlockPrefetcher idle;
+  kernels.chunk_values(args, idle, begin, end);
   for (int g = 0; g < H; ++g)
     for (int d = 0; d < head_size; ++d) {
       double expected = o_before[g * head_size + d];
@@ -337,6 +339,7 @@ template <class S>
 void check_fp8_codes(HostIsa isa) {
   const auto kernels = kpa::detail::host_kernels<1, S>(isa);
   constexpr int kHeadSize = 16, kBlockSize = 16;
+  kpa::detail::BlockPrefetcher idle;
   for (int code = 0; code < 256; ++code) {
     const float expected = kpa::to_float(S{static_cast<std::uint8_t>(code)});
     for (int lane = 0; lane < 16; ++lane) {
@@ -349,7 +352,7 @@ void check_fp8_codes(HostIsa isa) {
         std::vector<S> keys(static_cast<std::size_t>(kHeadSize) * slots, S{0});
         for (int slot = 0; slot < slots; ++slot) keys[slot * kHeadSize + lane] = S{static_cast<std::uint8_t>(code)};
         std::vector<float> logits(slots, -1.0f);
-        kernels.block_logits({keys.data(), slots, kHeadSize, slots, q.data(), logits.data(), slots});
+        kernels.block_logits({keys.data(), slots, kHeadSize, slots, q.data(), logits.data(), slots}, idle);
         for (int slot = 0; slot < slots; ++slot) {
           if (std::isnan(expected)) {
             EXPECT_TRUE(std::isnan(logits[slot])) << where << " slots " << slots << " slot " << slot;
@@ -371,7 +374,7 @@ void check_fp8_codes(HostIsa isa) {
         std::vector<float> o(kHeadSize, 0.0f);
         kernels.chunk_values({values.data(), kHeadSize * kBlockSize, &block_id, 1, last, kBlockSize, kHeadSize,
                               probs.data(), kBlockSize, &weight, o.data()},
-                             0, kHeadSize);
+                             idle, 0, kHeadSize);
         for (int d = 0; d < kHeadSize; ++d) {
           if (std::isnan(expected)) {
             EXPECT_TRUE(std::isnan(o[d])) << where << " last " << last << " d " << d;

@@ -125,6 +125,27 @@ TEST(LaunchPlan, HostProfileUsesOneThreadPerTeam) {
   EXPECT_TRUE(plan.single_partition);
 }
 
+// On hosts, fp8 caches read by passes of one or two rows take 128-token chunks; more rows, wider
+// caches and the device path keep 256 (a chunk is never shorter than one block).
+TEST(LaunchPlan, HostChunksOfFp8CachesWithFewRowsAreShorter) {
+  const auto host = kpa::DeviceProfile::host(2);
+  const auto gpu = kpa::DeviceProfile::bi_v100();
+  for (auto [heads, kv_heads, query_len, bytes, expected] :
+       {std::tuple{32, 32, 1, 1, 128}, {32, 16, 1, 1, 128}, {32, 32, 2, 1, 128}, {32, 8, 1, 1, 256},
+        {32, 32, 3, 1, 256}, {32, 32, 1, 2, 256}, {32, 16, 1, 4, 256}}) {
+    kpa::ProblemShape s = shape(4, heads, kv_heads, 4096);
+    s.max_query_len = query_len;
+    s.num_tokens = 4 * query_len;
+    s.cache_element_size = bytes;
+    EXPECT_EQ(kpa::plan_launch(host, s).chunk_tokens, expected) << heads << "/" << kv_heads << " x " << query_len
+                                                               << ", " << bytes << " byte(s)";
+    EXPECT_EQ(kpa::plan_launch(gpu, s).chunk_tokens, 256) << heads << "/" << kv_heads << " x " << query_len;
+  }
+  kpa::ProblemShape big_blocks = shape(4, 32, 32, 4096, 256);
+  big_blocks.cache_element_size = 1;
+  EXPECT_EQ(kpa::plan_launch(host, big_blocks).chunk_tokens, 256);
+}
+
 // GPU profiles run the device path: a warp of lanes per team member and about one team thread
 // per head dimension (two to eight warps).
 TEST(LaunchPlan, GpuProfilesRunTheDevicePathWithAThreadPerDimension) {
@@ -286,6 +307,11 @@ TEST(LaunchPlan, OverridesAndBadShapes) {
   EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 3, 100)), kpa::Error);
   EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 8, -1)), kpa::Error);
   EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 8, 10, 0)), kpa::Error);
+  for (int bytes : {0, 3, 8}) {
+    kpa::ProblemShape odd = shape(1, 8, 8, 100);
+    odd.cache_element_size = bytes;
+    EXPECT_THROW(kpa::plan_launch(profile, odd), kpa::Error) << bytes;
+  }
   // Products and token counts that would overflow int are refused.
   EXPECT_THROW(kpa::plan_launch(profile, shape(1, 8, 8, std::numeric_limits<int>::max())), kpa::Error);
   EXPECT_THROW(kpa::plan_launch(profile, shape(1 << 20, 1 << 12, 1 << 12, 16)), kpa::Error);

@@ -47,6 +47,32 @@ TYPED_TEST(PagedAttentionFp8, E5M2WithF32QueryAlibiAndLongSequence) {
   check_attention<float, TypeParam, std::uint8_t>(spec, 512);
 }
 
+// The host path reads fp8 caches in 128-token chunks where a pass has one or two rows (single
+// heads, groups of 2): sequences ending before, at and past chunk and partition boundaries.
+TYPED_TEST(PagedAttentionFp8, SingleHeadsAndPairsInShortChunks) {
+  for (int group : {1, 2}) {
+    ProblemSpec spec;
+    spec.seq_lens = {1, 127, 128, 129, 300, 1100};
+    spec.num_heads = 4;
+    spec.num_kv_heads = 4 / group;
+    spec.head_size = 128;
+    spec.block_size = 16;
+    spec.kv_cache_dtype = kpa::KVCacheDType::Fp8E4M3;
+    spec.k_scale = 0.05f;
+    spec.v_scale = 0.004f;
+    spec.seed = 40 + group;
+    SCOPED_TRACE("groups of " + std::to_string(group));
+    const HostProblem p = make_problem<kpa::half>(spec);
+    DeviceProblem<kpa::half, TypeParam, std::uint8_t> d(p);
+    check_versions(d, p, 512, {}, true);
+    kpa::Workspace<TypeParam> workspace;
+    run_version(Version::Auto, d, 0, {}, workspace, p);
+    if (workspace.last_plan().kernel_path == kpa::KernelPath::Host) {
+      EXPECT_EQ(workspace.last_plan().chunk_tokens, 128);
+    }
+  }
+}
+
 template <class Space>
 class PagedAttentionBlockSparse : public ::testing::Test {};
 TYPED_TEST_SUITE(PagedAttentionBlockSparse, kpa_test::ExecutionSpaces);

@@ -115,6 +115,9 @@ struct ProblemShape {
   /// tokens x the kv head's group of query heads, computed together over each K/V chunk.
   int max_query_len = 1;
   int sliding_window = 0;  ///< AttentionParams::sliding_window (0: none)
+  /// Bytes of one K/V cache element: 1 for fp8 caches, 2 for half / bfloat16, 4 for float. The
+  /// host path sizes its chunks by it.
+  int cache_element_size = 2;
 
   int query_rows() const { return num_tokens > 0 ? num_tokens : num_seqs; }
 

@@ -362,13 +362,14 @@ class Bench {
   std::string plan() const {
     kpa::ProblemShape shape{w_.batch_size, w_.num_query_heads, w_.num_kv_heads, w_.head_size, w_.block_size, w_.seq_len};
     shape.sliding_window = w_.sliding_window;
+    shape.cache_element_size = static_cast<int>(sizeof(C));
     kpa::PlanOptions options;
     options.partition_size = w_.version == "v1" ? blocks_per_seq_ * w_.block_size : partition_;
     const kpa::LaunchPlan p = w_.version == "auto" ? workspace_.last_plan() : kpa::plan_launch(Space(), shape, options);
     std::ostringstream os;
     os << "P" << p.partition_size << "x" << p.num_partitions << " L" << p.league_size << " T" << p.team_size
        << (p.single_partition ? " single" : "");
-    if (p.kernel_path == kpa::KernelPath::Host) os << " " << kpa::to_string(p.host_isa);
+    if (p.kernel_path == kpa::KernelPath::Host) os << " C" << p.chunk_tokens << " " << kpa::to_string(p.host_isa);
     return os.str();
   }
 

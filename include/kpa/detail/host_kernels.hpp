@@ -7,6 +7,8 @@
 //   row_softmax   one head's row of a chunk's logits: ALiBi, the max, p = exp(logit - max), the sum;
 //   chunk_values  o = o * weight + p . V for a range of output dimensions over a chunk;
 // and, per query / output type (HostRowKernels), a query row into scratch and an output row out.
+// block_logits and chunk_values also take the member's BlockPrefetcher and spread its requests
+// over their tiles (an idle BlockPrefetcher() asks for nothing).
 // host_kernels_portable.hpp holds the arguments and the plain C++ set every CPU runs;
 // host_kernels_x86.hpp the AVX2 + FMA + F16C set and host_kernels_avx512.hpp AVX-512 versions of
 // block_logits and chunk_values, all compiled with target attributes whatever the translation
@@ -21,14 +23,14 @@ namespace kpa::detail {
 
 template <int H, class CacheT>
 struct HostKernels {
-  void (*block_logits)(const BlockLogitsArgs<CacheT>&);
+  void (*block_logits)(const BlockLogitsArgs<CacheT>&, BlockPrefetcher&);
   /// For i < n: p[i] += slope * (position + i) (ALiBi; slope 0: none); then *max = the largest of
   /// `floor` and every p[i] (NaN ignored), p[i] = exp(p[i] - *max) (when *max is -inf, nothing is
   /// attended: 0, or NaN for a NaN), and the sum of the p[i] returned (NaN if any p[i] is).
   float (*row_softmax)(float* p, int n, float slope, float position, float floor, float* max);
   /// p[i] = cap * tanh(p[i] / cap) for i < n; -inf and NaN stay as they are.
   void (*row_soft_cap)(float* p, int n, float cap);
-  void (*chunk_values)(const ChunkValuesArgs<CacheT>&, int d_begin, int d_end);
+  void (*chunk_values)(const ChunkValuesArgs<CacheT>&, BlockPrefetcher&, int d_begin, int d_end);
 };
 
 /// The inner loops for `isa` (which the planner has checked this machine runs).

@@ -316,18 +316,16 @@ KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a,
 }
 
 template <int H, class CacheT>
-KPA_IMPL_AVX512 void block_logits(const BlockLogitsArgs<CacheT>& a) {
+KPA_IMPL_AVX512 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
   constexpr int X = static_cast<int>(16 / sizeof(CacheT));
   constexpr int HG = kHeadTile<H>;
   constexpr int KR = kKeyTile<HG>;
   constexpr int SPR = 16 / X;
   static_assert(H % HG == 0, "head tiles divide the heads of a pass");
   if (a.head_size % X != 0) {
-    portable::block_logits<H, CacheT>(a);
+    portable::block_logits<H, CacheT>(a, prefetch);
     return;
   }
-  BlockPrefetcher none;
-  BlockPrefetcher& prefetch = a.prefetch != nullptr ? *a.prefetch : none;
   prefetch.pace(H / HG * ((a.slots + KR * SPR - 1) / (KR * SPR)));
   for (int g0 = 0; g0 < H; g0 += HG) {
     int slot = 0;
@@ -421,15 +419,14 @@ KPA_IMPL_AVX512_INLINE inline void values_rows(const ChunkValuesArgs<CacheT>& a,
 }
 
 template <int H, class CacheT>
-KPA_IMPL_AVX512 void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin, int d_end) {
+KPA_IMPL_AVX512 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin,
+                                  int d_end) {
   if (a.block_size != 16 && a.block_size != 32) {  // rows of 8 (or any) slots: the AVX2 tiles
-    avx2::chunk_values<H, CacheT>(a, d_begin, d_end);
+    avx2::chunk_values<H, CacheT>(a, prefetch, d_begin, d_end);
     return;
   }
   constexpr int HG = kHeadTile<H>;
   constexpr int R = kRowTile<HG>;
-  BlockPrefetcher none;
-  BlockPrefetcher& prefetch = a.prefetch != nullptr ? *a.prefetch : none;
   prefetch.pace(H / HG * ((d_end - d_begin + R - 1) / R));
   avx2::ValueRun<CacheT> runs[avx2::kMaxRuns];
   for (int first = 0; first < a.blocks; first += avx2::kMaxRuns) {

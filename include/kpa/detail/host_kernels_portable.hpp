@@ -129,7 +129,6 @@ struct BlockLogitsArgs {
   const float* q;           ///< [H][head_size], scale (and the fp8 key scale) applied
   float* logits;            ///< q_g . k_i at logits[g * logits_stride + i]
   int logits_stride;
-  BlockPrefetcher* prefetch = nullptr;  ///< requests to spread over the call (none: nullptr)
 };
 
 /// One chunk_values call: the chunk's blocks, and output dimensions [d_begin, d_end).
@@ -146,7 +145,6 @@ struct ChunkValuesArgs {
   int probs_stride;
   const float* weight;       ///< [H] factor of the running output (online-softmax rescale)
   float* o;                  ///< [H][head_size] running output
-  BlockPrefetcher* prefetch = nullptr;  ///< requests to spread over the call (none: nullptr)
 };
 
 /// The NaN-ignoring max (quiet comparisons: a NaN operand raises no floating-point exception).
@@ -155,8 +153,8 @@ inline float max_ignoring_nan(float a, float b) { return std::isgreater(b, a) ? 
 namespace portable {
 
 template <int H, class CacheT>
-void block_logits(const BlockLogitsArgs<CacheT>& a) {
-  if (a.prefetch != nullptr) a.prefetch->finish();  // a hint: asked for at once
+void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
+  prefetch.finish();  // a hint: asked for at once
   constexpr int X = static_cast<int>(16 / sizeof(CacheT));
   const int vectors = a.head_size / X, stride = a.block_size * X;
   for (int slot = 0; slot < a.slots; ++slot) {
@@ -199,8 +197,8 @@ inline void row_soft_cap(float* p, int n, float cap) {
 }
 
 template <int H, class CacheT>
-void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin, int d_end) {
-  if (a.prefetch != nullptr) a.prefetch->finish();  // a hint: asked for at once
+void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin, int d_end) {
+  prefetch.finish();  // a hint: asked for at once
   constexpr int W = 8;  // partial sums per head
   const int B = a.block_size;
   for (int d = d_begin; d < d_end; ++d) {

@@ -346,16 +346,14 @@ template <int HG>
 inline constexpr int kSlotTile = HG == 1 ? 8 : (HG == 2 ? 4 : (HG == 3 ? 3 : 2));
 
 template <int H, class CacheT>
-KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a) {
+KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
   if (a.head_size % 8 != 0) {  // f32 caches with head sizes of 4 (mod 8)
-    portable::block_logits<H, CacheT>(a);
+    portable::block_logits<H, CacheT>(a, prefetch);
     return;
   }
   constexpr int HG = kHeadTile<H>;
   constexpr int S = kSlotTile<HG>;
   static_assert(H % HG == 0, "head tiles divide the heads of a pass");
-  BlockPrefetcher none;
-  BlockPrefetcher& prefetch = a.prefetch != nullptr ? *a.prefetch : none;
   prefetch.pace(H / HG * ((a.slots + S - 1) / S));
   for (int g0 = 0; g0 < H; g0 += HG) {
     int slot = 0;
@@ -544,11 +542,9 @@ inline int attended_runs(const ChunkValuesArgs<CacheT>& a, int first, ValueRun<C
 }
 
 template <int H, class CacheT>
-KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, int d_begin, int d_end) {
+KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin, int d_end) {
   constexpr int HG = kHeadTile<H>;
   constexpr int R = kRowTile<HG>;
-  BlockPrefetcher none;
-  BlockPrefetcher& prefetch = a.prefetch != nullptr ? *a.prefetch : none;
   prefetch.pace(H / HG * ((d_end - d_begin + R - 1) / R));
   ValueRun<CacheT> runs[kMaxRuns];
   for (int first = 0; first < a.blocks; first += kMaxRuns) {

@@ -130,7 +130,8 @@ struct HostPath {
             prefetch_bytes(value_head + block_id * k.geo.cache_block_stride, block_bytes);
           }
           kernels.block_logits(BlockLogitsArgs<CacheT>{key_head + block_id * k.geo.cache_block_stride, B, D, slots,
-                                                       s.q, logits, CT, &prefetcher});
+                                                       s.q, logits, CT},
+                               prefetcher);
         }
         for (int g = 0; g < H; ++g) {
           if (any && attends[g]) continue;
@@ -163,10 +164,10 @@ struct HostPath {
       // 3. o = o * weight + p . V, members taking ranges of output dimensions.
       prefetcher.allow(prefetch_lines);  // the rest
       const ChunkValuesArgs<CacheT> values{value_head, k.geo.cache_block_stride, s.block_ids, blocks,
-                                           tokens - (blocks - 1) * B, B, D, s.probs, CT, weight, s.o, &prefetcher};
+                                           tokens - (blocks - 1) * B, B, D, s.probs, CT, weight, s.o};
       const int ranges = member.team_size();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, ranges), [&](int r) {
-        kernels.chunk_values(values, D * r / ranges, D * (r + 1) / ranges);
+        kernels.chunk_values(values, prefetcher, D * r / ranges, D * (r + 1) / ranges);
       });
       member.team_barrier();  // the next chunk overwrites logits and block ids
     }

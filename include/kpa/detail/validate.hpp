@@ -163,6 +163,7 @@ ProblemShape check_attention_args(const char* call, const OutView& out, const Qu
   shape.head_size = static_cast<int>(query.extent(2));
   shape.num_kv_heads = static_cast<int>(key_cache.extent(1));
   shape.max_seq_len = max_seq_len;
+  shape.cache_element_size = static_cast<int>(sizeof(CacheT));
   if (shape.head_size <= 0 || shape.head_size > kMaxHeadSize || shape.head_size % x != 0) {
     fail<UnsupportedError>(call, "head_size ", shape.head_size, " is not supported (need a multiple of x = ", x,
                            " between ", x, " and ", kMaxHeadSize, ")");
