@@ -194,8 +194,8 @@ case "${1:-}" in
   "")
     export KPA_OFFLINE=${KPA_OFFLINE:-1}  # a GPU machine without network: .deps/src or a carried prefix
     mkdir -p "$out"
-    command -v nvidia-smi >/dev/null || { log "no nvidia-smi: no GPU to build for"; exit 1; }
-    gpu_sm=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d '. ')
+    gpu_sm=$("$repo/scripts/gpu-sm.sh")
+    [ -n "$gpu_sm" ] || { log "no GPU found (nvidia-smi): nothing to build for"; exit 1; }
     build_kpa "$gpu_sm"
     run_checks "$build/unit_tests" "$build/perf_tests" "$build/libkpa.so"
     ;;

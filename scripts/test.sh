@@ -52,10 +52,7 @@ log "CUDA build ($arch) in $cuda_build"
 BUILD_DIR=$cuda_build "$repo/scripts/build.sh" --cuda
 python3 "$repo/scripts/check_device_code.py" --arch "${arch//[!0-9]/}" "$cuda_build/unit_tests/kpa-unit-tests" \
   "$cuda_build/perf_tests/kpa-bench" "$(readlink -f "$cuda_build/libkpa.so")"
-gpu_sm=
-if command -v nvidia-smi >/dev/null; then
-  gpu_sm=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ') || gpu_sm=
-fi
+gpu_sm=$("$repo/scripts/gpu-sm.sh")
 build_sm=${arch//[!0-9]/}
 if [ -n "$gpu_sm" ] && [ "${gpu_sm:0:1}" = "${build_sm:0:1}" ]; then
   log "GPU found: running the CUDA build's tests"

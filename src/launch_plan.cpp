@@ -317,15 +317,15 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
                          ? options.team_size
                          : std::max(1, std::min({threads / plan.vector_length, limits.max_team_size,
                                                  limits.max_team_threads / plan.vector_length}));
-    plan.heads_per_pass = rows_per_pass_for(tile_rows, detail::kDeviceHeadsPerPass);
+    plan.rows_per_pass = rows_per_pass_for(tile_rows, detail::kDeviceRowsPerPass);
     plan.chunk_tokens = static_cast<int>(std::max<long long>(
         shape.block_size, (kDeviceChunkTokens / shape.block_size) * static_cast<long long>(shape.block_size)));
   } else {
     // One thread per team by default: decode attention streams the cache, and a core reads it fastest alone.
     plan.vector_length = options.vector_length > 0 ? options.vector_length : 1;
     plan.team_size = options.team_size > 0 ? options.team_size : 1;
-    plan.heads_per_pass = rows_per_pass_for(tile_rows, detail::kHostHeadsPerPass);
-    const int chunk = shape.cache_element_size == 1 && plan.heads_per_pass <= kHostFewRows ? kHostFewRowsFp8ChunkTokens
+    plan.rows_per_pass = rows_per_pass_for(tile_rows, detail::kHostRowsPerPass);
+    const int chunk = shape.cache_element_size == 1 && plan.rows_per_pass <= kHostFewRows ? kHostFewRowsFp8ChunkTokens
                                                                                             : kHostChunkTokens;
     plan.chunk_tokens = static_cast<int>(
         std::max<long long>(shape.block_size, (chunk / shape.block_size) * static_cast<long long>(shape.block_size)));
@@ -342,7 +342,7 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
                std::to_string(limits.max_team_threads) + ")");
   }
 
-  const detail::TileScratchLayout layout(plan.heads_per_pass, shape.head_size, plan.chunk_tokens, shape.block_size);
+  const detail::TileScratchLayout layout(plan.rows_per_pass, shape.head_size, plan.chunk_tokens, shape.block_size);
   plan.scratch_bytes = layout.bytes();
   plan.scratch_level = plan.scratch_bytes <= limits.max_scratch_level0_bytes ? 0 : 1;
   plan.reduce_scratch_bytes = static_cast<std::size_t>(plan.num_partitions) * sizeof(float) + 128;
@@ -359,7 +359,7 @@ std::ostream& operator<<(std::ostream& os, const LaunchPlan& plan) {
             << " partition_size=" << plan.partition_size << " num_partitions=" << plan.num_partitions
             << " tiles=" << plan.tiles << " league_size=" << plan.league_size
             << " tiles_per_team=" << plan.tiles_per_team << " team_size=" << plan.team_size
-            << " vector_length=" << plan.vector_length << " heads_per_pass=" << plan.heads_per_pass
+            << " vector_length=" << plan.vector_length << " rows_per_pass=" << plan.rows_per_pass
             << " chunk_tokens=" << plan.chunk_tokens << " scratch_bytes=" << plan.scratch_bytes
             << " scratch_level=" << plan.scratch_level << " reduce_league_size=" << plan.reduce_league_size
             << " reduce_scratch_bytes=" << plan.reduce_scratch_bytes

@@ -1,5 +1,5 @@
 // The launch planner: GridEvenShare bound, even shares, the single-partition decision, kernel
-// path and team shape, heads per pass, wave fill, scratch level, profiles.
+// path and team shape, rows per pass, wave fill, scratch level, profiles.
 
 #include "test_spaces.hpp"
 
@@ -163,13 +163,13 @@ TEST(LaunchPlan, GpuProfilesRunTheDevicePathWithAThreadPerDimension) {
 
 // Heads per pass: the fewest passes over K/V (each pass reads them once), then the least padding,
 // among the values each path is compiled for.
-TEST(LaunchPlan, HeadsPerPassReadsKvTheFewestTimes) {
+TEST(LaunchPlan, RowsPerPassReadsKvTheFewestTimes) {
   const auto host = kpa::DeviceProfile::host(2);
   const auto gpu = kpa::DeviceProfile::bi_v100();
   for (auto [group, host_heads, device_heads] : {std::tuple{1, 1, 1}, {2, 2, 2}, {3, 4, 4}, {4, 4, 4}, {5, 6, 8},
                                                  {6, 6, 8}, {7, 8, 8}, {8, 8, 8}, {12, 16, 8}, {16, 16, 8}, {24, 16, 8}}) {
-    EXPECT_EQ(kpa::plan_launch(host, shape(1, group * 2, 2, 100)).heads_per_pass, host_heads) << group;
-    EXPECT_EQ(kpa::plan_launch(gpu, shape(1, group * 2, 2, 100)).heads_per_pass, device_heads) << group;
+    EXPECT_EQ(kpa::plan_launch(host, shape(1, group * 2, 2, 100)).rows_per_pass, host_heads) << group;
+    EXPECT_EQ(kpa::plan_launch(gpu, shape(1, group * 2, 2, 100)).rows_per_pass, device_heads) << group;
   }
 }
 
@@ -182,8 +182,8 @@ TEST(LaunchPlan, RowsPerPassCountQueryTokens) {
     kpa::ProblemShape s = shape(3, group * 2, 2, 100);
     s.num_tokens = 3 * tokens;
     s.max_query_len = tokens;
-    EXPECT_EQ(kpa::plan_launch(host, s).heads_per_pass, host_rows) << group << " x " << tokens;
-    EXPECT_EQ(kpa::plan_launch(gpu, s).heads_per_pass, device_rows) << group << " x " << tokens;
+    EXPECT_EQ(kpa::plan_launch(host, s).rows_per_pass, host_rows) << group << " x " << tokens;
+    EXPECT_EQ(kpa::plan_launch(gpu, s).rows_per_pass, device_rows) << group << " x " << tokens;
   }
 }
 
@@ -375,18 +375,18 @@ TYPED_TEST(LaunchPlanOnSpace, DetectsTheBackEndAndHonoursTheEnvironment) {
 }
 
 // Every heads-per-pass value the planner may choose dispatches to its kernel, and no other does.
-TEST(LaunchPlan, EveryPlannableHeadsPerPassHasAKernel) {
-  for (int heads : kpa::detail::kHostHeadsPerPass) {
+TEST(LaunchPlan, EveryPlannableRowsPerPassHasAKernel) {
+  for (int heads : kpa::detail::kHostRowsPerPass) {
     int called = 0;
-    kpa::detail::with_heads_per_pass(kpa::detail::HostHeadsPerPass{}, heads, [&](auto h) { called = decltype(h)::value; });
+    kpa::detail::with_rows_per_pass(kpa::detail::HostRowsPerPass{}, heads, [&](auto h) { called = decltype(h)::value; });
     EXPECT_EQ(called, heads);
   }
-  for (int heads : kpa::detail::kDeviceHeadsPerPass) {
+  for (int heads : kpa::detail::kDeviceRowsPerPass) {
     int called = 0;
-    kpa::detail::with_heads_per_pass(kpa::detail::DeviceHeadsPerPass{}, heads, [&](auto h) { called = decltype(h)::value; });
+    kpa::detail::with_rows_per_pass(kpa::detail::DeviceRowsPerPass{}, heads, [&](auto h) { called = decltype(h)::value; });
     EXPECT_EQ(called, heads);
   }
-  EXPECT_THROW(kpa::detail::with_heads_per_pass(kpa::detail::DeviceHeadsPerPass{}, 6, [](auto) {}), kpa::Error);
+  EXPECT_THROW(kpa::detail::with_rows_per_pass(kpa::detail::DeviceRowsPerPass{}, 6, [](auto) {}), kpa::Error);
 }
 
 }  // namespace

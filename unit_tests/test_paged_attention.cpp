@@ -111,7 +111,7 @@ TYPED_TEST(PagedAttention, TeamSizesAboveOne) {
   ProblemSpec spec;
   spec.seq_lens = {1000, 17, 0, 333};
   spec.num_heads = 16;
-  spec.num_kv_heads = 2;  // 8 heads per pass
+  spec.num_kv_heads = 2;  // 8 rows per pass
   spec.head_size = 256;
   spec.block_size = 16;
   for (int team_size = 2; team_size <= std::min(max_team, 4); ++team_size) {

@@ -1,6 +1,6 @@
 #pragma once
 // Launch planning: how a paged-attention call is mapped onto a device. Every choice of the
-// launch (kernel path, partition size, league, team and vector sizes, heads per pass, chunk,
+// launch (kernel path, partition size, league, team and vector sizes, rows per pass, chunk,
 // scratch level) is made here, by one pure function of the device, the back end's limits and
 // the problem's shape. The league is bounded by CUB's GridEvenShare rule (resident teams x
 // subscription factor) and every team takes an even, contiguous share of the tiles, a tile
@@ -166,7 +166,7 @@ struct LaunchPlan {
   int tiles_per_team = 0;                ///< ceil(tiles / league_size): a team's even share
   int team_size = 0;
   int vector_length = 0;
-  int heads_per_pass = 0;                ///< query rows (heads x query tokens) per pass over a tile's K/V
+  int rows_per_pass = 0;                 ///< query rows (heads x query tokens) per pass over a tile's K/V
   int chunk_tokens = 0;                  ///< tokens whose logits sit in team scratch at once
   std::size_t scratch_bytes = 0;         ///< team scratch of the attention kernel
   int scratch_level = 0;                 ///< 0 (fast, e.g. GPU shared memory) or 1

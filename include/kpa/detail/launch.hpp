@@ -15,12 +15,12 @@
 
 namespace kpa::detail {
 
-/// Calls f(std::integral_constant<int, h>{}) for heads == h, one of the values of `Sequence`
-/// (HostHeadsPerPass or DeviceHeadsPerPass).
+/// Calls f(std::integral_constant<int, r>{}) for rows == r, one of the values of `Sequence`
+/// (HostRowsPerPass or DeviceRowsPerPass).
 template <int... Values, class F>
-void with_heads_per_pass(std::integer_sequence<int, Values...>, int heads, F&& f) {
-  const bool found = ((heads == Values ? (f(std::integral_constant<int, Values>{}), true) : false) || ...);
-  if (!found) fail("kpa", "no kernel is compiled for ", heads, " heads per pass on this kernel path");
+void with_rows_per_pass(std::integer_sequence<int, Values...>, int rows, F&& f) {
+  const bool found = ((rows == Values ? (f(std::integral_constant<int, Values>{}), true) : false) || ...);
+  if (!found) fail("kpa", "no kernel is compiled for ", rows, " rows per pass on this kernel path");
 }
 
 /// Calls f(TypeTag<Kernel>{}) with the PartitionKernel the plan runs. The host path exists on
@@ -33,8 +33,8 @@ void with_partition_kernel(const char* call, const LaunchPlan& plan, KVCacheDTyp
     using StorageT = typename decltype(storage)::type;
     if (plan.kernel_path == KernelPath::Host) {
       if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
-        with_heads_per_pass(HostHeadsPerPass{}, plan.heads_per_pass, [&](auto heads) {
-          f(TypeTag<PartitionKernel<Space, HostPath, decltype(heads)::value, StorageT, T, TmpT>>{});
+        with_rows_per_pass(HostRowsPerPass{}, plan.rows_per_pass, [&](auto rows) {
+          f(TypeTag<PartitionKernel<Space, HostPath, decltype(rows)::value, StorageT, T, TmpT>>{});
         });
       } else {
         fail(call, "the host kernel path does not run on ", Space::name());
@@ -47,8 +47,8 @@ void with_partition_kernel(const char* call, const LaunchPlan& plan, KVCacheDTyp
       } else
 #endif
       {
-        with_heads_per_pass(DeviceHeadsPerPass{}, plan.heads_per_pass, [&](auto heads) {
-          f(TypeTag<PartitionKernel<Space, DevicePath, decltype(heads)::value, StorageT, T, TmpT>>{});
+        with_rows_per_pass(DeviceRowsPerPass{}, plan.rows_per_pass, [&](auto rows) {
+          f(TypeTag<PartitionKernel<Space, DevicePath, decltype(rows)::value, StorageT, T, TmpT>>{});
         });
       }
     }

@@ -15,15 +15,15 @@ namespace kpa::detail {
 /// tokens of a group of 4, with one read of K/V), and the device path's (powers of two up to 8
 /// keep its instantiations and registers few; more rows take several passes). The planner
 /// chooses among these values and the launch instantiates exactly these.
-using HostHeadsPerPass = std::integer_sequence<int, 1, 2, 4, 6, 8, 16>;
-using DeviceHeadsPerPass = std::integer_sequence<int, 1, 2, 4, 8>;
+using HostRowsPerPass = std::integer_sequence<int, 1, 2, 4, 6, 8, 16>;
+using DeviceRowsPerPass = std::integer_sequence<int, 1, 2, 4, 8>;
 
-template <int... Heads>
-constexpr std::array<int, sizeof...(Heads)> values_of(std::integer_sequence<int, Heads...>) {
-  return {Heads...};
+template <int... Rows>
+constexpr std::array<int, sizeof...(Rows)> values_of(std::integer_sequence<int, Rows...>) {
+  return {Rows...};
 }
-inline constexpr auto kHostHeadsPerPass = values_of(HostHeadsPerPass{});
-inline constexpr auto kDeviceHeadsPerPass = values_of(DeviceHeadsPerPass{});
+inline constexpr auto kHostRowsPerPass = values_of(HostRowsPerPass{});
+inline constexpr auto kDeviceRowsPerPass = values_of(DeviceRowsPerPass{});
 
 /// Team scratch of one tile pass, in floats then ints:
 ///   q [H][D] (pre-scaled query rows), o [H][D] (running unnormalised output),
