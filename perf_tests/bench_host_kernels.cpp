@@ -101,7 +101,7 @@ void host_pv(benchmark::State& state) {
 void shapes(benchmark::internal::Benchmark* b) {
   const HostIsa best = kpa::detail::best_host_isa_here();
   b->ArgNames({"isa", "head_size", "block_size"});
-  for (HostIsa isa : {HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512}) {
+  for (HostIsa isa : {HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512, HostIsa::Avx512Vbmi}) {
     if (isa > best) continue;
     for (int d : {128, 256}) b->Args({static_cast<int>(isa), d, 16});
   }

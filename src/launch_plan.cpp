@@ -124,6 +124,7 @@ int auto_partition_size(const DeviceProfile& profile, const ProblemShape& shape,
 
 std::string_view to_string(HostIsa isa) {
   switch (isa) {
+    case HostIsa::Avx512Vbmi: return "avx512vbmi";
     case HostIsa::Avx512: return "avx512";
     case HostIsa::Avx2: return "avx2";
     default: return "portable";
@@ -134,16 +135,17 @@ HostIsa parse_host_isa(std::string_view name) {
   if (name == "portable") return HostIsa::Portable;
   if (name == "avx2") return HostIsa::Avx2;
   if (name == "avx512") return HostIsa::Avx512;
+  if (name == "avx512vbmi") return HostIsa::Avx512Vbmi;
   throw Error("kpa: unknown host instruction set '" + std::string(name) +
-              "' (expected 'portable', 'avx2' or 'avx512')");
+              "' (expected 'portable', 'avx2', 'avx512' or 'avx512vbmi')");
 }
 
 namespace detail {
 HostIsa cpu_host_isa() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   // AVX2, FMA and F16C, and the operating system saving the YMM registers; then AVX-512 F, BW,
-  // VL and DQ with the opmask and ZMM state saved too (cpuid and xgetbv: not every compiler's
-  // __builtin_cpu_supports knows F16C).
+  // VL and DQ with the opmask and ZMM state saved too, then VBMI (cpuid and xgetbv: not every
+  // compiler's __builtin_cpu_supports knows F16C).
   static const HostIsa isa = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (__get_cpuid(1, &a, &b, &c, &d) == 0) return HostIsa::Portable;
@@ -155,7 +157,8 @@ HostIsa cpu_host_isa() {
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return HostIsa::Portable;
     if (((b >> 5) & 1u) == 0) return HostIsa::Portable;
     const bool avx512 = ((b >> 16) & 1u) && ((b >> 17) & 1u) && ((b >> 30) & 1u) && ((b >> 31) & 1u);
-    return avx512 && (xcr0 & 0xe0u) == 0xe0u ? HostIsa::Avx512 : HostIsa::Avx2;
+    if (!avx512 || (xcr0 & 0xe0u) != 0xe0u) return HostIsa::Avx2;
+    return ((c >> 1) & 1u) ? HostIsa::Avx512Vbmi : HostIsa::Avx512;
   }();
   return isa;
 #else

@@ -79,7 +79,8 @@ void run_version(Version version, DeviceProblem<T, Space, C>& d, int partition_s
 
 /// The plans every attention test runs on Space: the back end's default; on host back ends
 /// whose best host instruction set is not the portable one, the host path's portable loops too
-/// (and the AVX2 ones where the best is AVX-512);
+/// (and the AVX2 ones where the best is AVX-512, and the AVX-512 ones without VBMI where the
+/// best has it);
 /// and on host back ends built with KPA_ENABLE_DEVICE_PATH_ON_HOST the device kernel path with
 /// several team members (OpenMP) and vector lanes, so the GPU-shaped code runs on every machine.
 /// `base` carries a test's own overrides.
@@ -97,6 +98,11 @@ std::vector<kpa::PlanOptions> kernel_paths(const kpa::PlanOptions& base) {
       kpa::PlanOptions avx2 = portable;
       avx2.host_isa = kpa::HostIsa::Avx2;
       paths.push_back(avx2);
+    }
+    if (limits.best_host_isa > kpa::HostIsa::Avx512) {
+      kpa::PlanOptions avx512 = portable;
+      avx512.host_isa = kpa::HostIsa::Avx512;
+      paths.push_back(avx512);
     }
   }
   if (limits.device_path) {

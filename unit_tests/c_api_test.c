@@ -138,13 +138,14 @@ int main(void) {
   CHECK(kpa_init() == KPA_OK, "kpa_init again");
   CHECK(strlen(kpa_version()) > 0, "kpa_version");
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  /* libkpa.so is built for baseline x86-64: its kernels still use AVX2 or AVX-512 where the CPU
-   * has them. */
+  /* libkpa.so is built for baseline x86-64: its kernels still use AVX2 or AVX-512 (with VBMI)
+   * where the CPU has them. */
   __builtin_cpu_init();
   const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  const char* best = avx512 ? "avx512" : (avx2 ? "avx2" : "portable");
+  const int vbmi = avx512 && __builtin_cpu_supports("avx512vbmi");
+  const char* best = vbmi ? "avx512vbmi" : (avx512 ? "avx512" : (avx2 ? "avx2" : "portable"));
   CHECK(strcmp(kpa_host_isa(), best) == 0, "kpa_host_isa %s, expected %s", kpa_host_isa(), best);
 #endif
 

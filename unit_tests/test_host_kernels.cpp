@@ -27,6 +27,7 @@ std::vector<HostIsa> isas_here() {
   const HostIsa best = kpa::detail::best_host_isa_here();
   if (best >= HostIsa::Avx2) isas.push_back(HostIsa::Avx2);
   if (best >= HostIsa::Avx512) isas.push_back(HostIsa::Avx512);
+  if (best >= HostIsa::Avx512Vbmi) isas.push_back(HostIsa::Avx512Vbmi);
   return isas;
 }
 

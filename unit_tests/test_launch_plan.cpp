@@ -395,7 +395,7 @@ TEST(LaunchPlan, EveryPlannableRowsPerPassHasAKernel) {
 // but not more, and the planner refuses an override the back end cannot run.
 TEST(LaunchPlan, HostInstructionSetsParseAndAreNeverMoreThanTheBest) {
   using kpa::HostIsa;
-  for (HostIsa isa : {HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512}) {
+  for (HostIsa isa : {HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512, HostIsa::Avx512Vbmi}) {
     EXPECT_EQ(kpa::parse_host_isa(kpa::to_string(isa)), isa);
   }
   EXPECT_THROW(kpa::parse_host_isa("avx512f"), kpa::Error);
@@ -407,7 +407,11 @@ TEST(LaunchPlan, HostInstructionSetsParseAndAreNeverMoreThanTheBest) {
   EXPECT_THROW(kpa::detail::chosen_host_isa(HostIsa::Portable), kpa::Error);
   ::setenv("KPA_HOST_ISA", "avx512", 1);
   EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx512), HostIsa::Avx512);
+  EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx512Vbmi), HostIsa::Avx512);
   EXPECT_THROW(kpa::detail::chosen_host_isa(HostIsa::Avx2), kpa::Error);
+  ::setenv("KPA_HOST_ISA", "avx512vbmi", 1);
+  EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx512Vbmi), HostIsa::Avx512Vbmi);
+  EXPECT_THROW(kpa::detail::chosen_host_isa(HostIsa::Avx512), kpa::Error);
   ::unsetenv("KPA_HOST_ISA");
   EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx2), HostIsa::Avx2);
 

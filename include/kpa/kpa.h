@@ -54,8 +54,8 @@ int kpa_init(void);
 void kpa_finalize(void);
 const char* kpa_last_error(void);
 const char* kpa_version(void);
-/* The instruction set of the host kernels the attention calls run: "avx512", "avx2" or
- * "portable", the best this CPU has whatever flags the library was built with (KPA_HOST_ISA may
+/* The instruction set of the host kernels the attention calls run: "avx512vbmi", "avx512",
+ * "avx2" or "portable", the best this CPU has whatever flags the library was built with (KPA_HOST_ISA may
  * name a lesser one); "device" when the default execution space is a GPU. */
 const char* kpa_host_isa(void);
 

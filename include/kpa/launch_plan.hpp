@@ -24,10 +24,13 @@ enum class HostIsa {
   Portable,  ///< plain C++ (any CPU)
   Avx2,      ///< x86-64 AVX2 + FMA + F16C
   Avx512,    ///< x86-64 AVX-512 F + BW + VL + DQ (and AVX2): q.k and p.V on 16 lanes
+  /// AVX-512 with VBMI as well (Ice Lake, Zen 4 and later): fp8 codes widened through byte
+  /// lookups; other caches run the Avx512 loops.
+  Avx512Vbmi,
 };
 
 std::string_view to_string(HostIsa isa);
-/// "portable", "avx2" or "avx512"; throws kpa::Error for anything else.
+/// "portable", "avx2", "avx512" or "avx512vbmi"; throws kpa::Error for anything else.
 HostIsa parse_host_isa(std::string_view name);
 
 namespace detail {
@@ -37,7 +40,7 @@ HostIsa cpu_host_isa();
 HostIsa chosen_host_isa(HostIsa best);
 /// The best one kpa's headers compile kernels for in this translation unit (host_isa.hpp).
 #ifdef KPA_IMPL_X86_KERNELS
-static constexpr HostIsa kCompiledHostIsa = HostIsa::Avx512;
+static constexpr HostIsa kCompiledHostIsa = HostIsa::Avx512Vbmi;
 #else
 static constexpr HostIsa kCompiledHostIsa = HostIsa::Portable;
 #endif

@@ -21,7 +21,8 @@ __version__ = torch.ops.kpa.version()
 
 
 def host_isa() -> str:
-    """The instruction set of the host kernels the operators run ("avx512", "avx2" or "portable")."""
+    """The instruction set of the host kernels the operators run ("avx512vbmi", "avx512", "avx2" or
+    "portable")."""
     return torch.ops.kpa.host_isa()
 
 

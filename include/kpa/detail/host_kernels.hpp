@@ -38,7 +38,13 @@ template <int H, class CacheT>
 HostKernels<H, CacheT> host_kernels(HostIsa isa) {
 #ifdef KPA_IMPL_X86_KERNELS
   if constexpr (avx512::has_kernels<CacheT>) {
-    if (isa == HostIsa::Avx512) {
+    if constexpr (sizeof(CacheT) == 1) {  // fp8: codes widened through byte lookups with VBMI
+      if (isa >= HostIsa::Avx512Vbmi) {
+        return {&avx512::block_logits<H, CacheT, true>, &avx2::row_softmax, &avx2::row_soft_cap,
+                &avx512::chunk_values<H, CacheT, true>};
+      }
+    }
+    if (isa >= HostIsa::Avx512) {
       return {&avx512::block_logits<H, CacheT>, &avx2::row_softmax, &avx2::row_soft_cap,
               &avx512::chunk_values<H, CacheT>};
     }

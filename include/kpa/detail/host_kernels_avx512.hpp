@@ -20,7 +20,9 @@
 // once per pass: widening a register takes the FMA ports for two instructions (fp8: about five),
 // and with the AVX2 tiles' groups of at most 4 a group of 6 or 8 widened each element twice. fp8
 // codes widen 64 at a time (fp8_as_half64) where four registers' codes are adjacent, else 32
-// (fp8_as_half32) where two are.
+// (fp8_as_half32) where two are; on CPUs with AVX-512 VBMI (HostIsa::Avx512Vbmi) the 64 at a
+// time go through byte lookups straight to floats instead (fp8_as_float64, the `Lookup`
+// instantiations).
 
 #include <kpa/detail/host_kernels_x86.hpp>
 
@@ -119,20 +121,102 @@ KPA_IMPL_AVX512_INLINE inline void fp8_as_half64(const CacheT* p, __m512i& lo, _
   }
 }
 
+/// bfloat16 bits of s * 2^x, for 0 <= s < 256 (exact: at most 8 significant bits).
+constexpr std::uint16_t bfloat16_bits(int s, int x) {
+  if (s == 0) return 0;
+  int top = 0;  // s's highest set bit
+  while ((s >> (top + 1)) != 0) ++top;
+  return static_cast<std::uint16_t>(((x + top + 127) << 7) | (((s - (1 << top)) << (7 - top)) & 0x7f));
+}
+
+/// bfloat16 bits of the fp8 code with magnitude bits m (0..127, sign clear) times
+/// 1 / avx2::Load<CacheT>::scale: E4M3 values times 2^-8, E5M2 values as they are. Every one
+/// is exact in bfloat16 (8 exponent bits: fp8 subnormals are normal there); NaN codes give the
+/// quiet NaN, E5M2's infinity infinity.
+template <class CacheT>
+constexpr std::uint16_t fp8_magnitude_as_bfloat16(int m) {
+  if constexpr (std::is_same_v<CacheT, fp8_e4m3>) {
+    const int e = m >> 3, f = m & 7;
+    if (m == 0x7f) return 0x7fc0;
+    return e == 0 ? bfloat16_bits(f, -17) : bfloat16_bits(8 + f, e - 18);  // f x 2^-9, (8 + f) x 2^(e-10)
+  } else {
+    const int e = m >> 2, f = m & 3;
+    if (e == 31) return f == 0 ? 0x7f80 : 0x7fc0;
+    return e == 0 ? bfloat16_bits(f, -16) : bfloat16_bits(4 + f, e - 17);  // f x 2^-16, (4 + f) x 2^(e-17)
+  }
+}
+
+/// The upper and lower bytes of fp8_magnitude_as_bfloat16 for the 128 magnitudes: the tables
+/// of fp8_as_float64's lookups.
+template <class CacheT>
+struct Fp8Bytes {
+  alignas(64) std::uint8_t upper[128];
+  alignas(64) std::uint8_t lower[128];
+  constexpr Fp8Bytes() : upper{}, lower{} {
+    for (int m = 0; m < 128; ++m) {
+      upper[m] = static_cast<std::uint8_t>(fp8_magnitude_as_bfloat16<CacheT>(m) >> 8);
+      lower[m] = static_cast<std::uint8_t>(fp8_magnitude_as_bfloat16<CacheT>(m) & 0xff);
+    }
+  }
+};
+template <class CacheT>
+inline constexpr Fp8Bytes<CacheT> kFp8Bytes{};
+
+/// table[index & 127] for each byte of `index`; `table` 128 bytes, 64-byte aligned. vpermi2b
+/// (AVX-512 VBMI) written as assembly, so that the AVX-512 functions that inline it keep one
+/// target attribute: only the HostIsa::Avx512Vbmi kernels (the `Lookup` instantiations) run it.
+KPA_IMPL_AVX512_INLINE inline __m512i lookup_bytes(const std::uint8_t* table, __m512i index) {
+  __asm__("vpermi2b %[second], %[first], %[index]"
+          : [index] "+v"(index)
+          : [first] "v"(_mm512_load_si512(table)), [second] "v"(_mm512_load_si512(table + 64)));
+  return index;
+}
+
+/// 64 consecutive fp8 codes as floats times 1 / avx2::Load<CacheT>::scale, 16 per register in
+/// order, through byte lookups: the upper and lower bytes of each code's bfloat16 (the sign
+/// added to the upper), bytes to 16-bit lanes and 16-bit lanes to the upper halves of 32-bit
+/// ones, a float's bits. A dword permutation first (a 4 x 4 transpose of 4-code groups) makes
+/// the in-lane unpacks give the natural order. 9 shuffles and 1 logic instruction per 64 codes,
+/// where fp8_as_half64 and four vcvtph2ps take about 21 (the widening of 64 codes for 4 heads of
+/// q.k went from 4.5 to 3.5-3.6 us per chunk, host_qk).
+template <class CacheT>
+KPA_IMPL_AVX512_INLINE inline void fp8_as_float64(const CacheT* p, __m512 (&out)[4]) {
+  static_assert(sizeof(CacheT) == 1, "fp8 codes");
+  const __m512i c = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
+                                             _mm512_loadu_si512(p));
+  const __m512i lower = lookup_bytes(kFp8Bytes<CacheT>.lower, c);
+  const __m512i upper = _mm512_ternarylogic_epi32(lookup_bytes(kFp8Bytes<CacheT>.upper, c), c,
+                                                  _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);  // | sign
+  const __m512i first = _mm512_unpacklo_epi8(lower, upper), second = _mm512_unpackhi_epi8(lower, upper);
+  const __m512i zero = _mm512_setzero_si512();
+  out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, first));
+  out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, first));
+  out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, second));
+  out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, second));
+}
+
 /// out[i] = the 16 cache elements at p + 16 i as floats (times 1 / avx2::Load<CacheT>::scale);
-/// fp8 codes four registers at a time where there are four, else two.
-template <int N, class CacheT>
+/// fp8 codes four registers at a time where there are four (through byte lookups with `Lookup`),
+/// else two.
+template <bool Lookup, int N, class CacheT>
 KPA_IMPL_AVX512_INLINE inline void load_consecutive(const CacheT* p, __m512 (&out)[N]) {
   int i = 0;
   if constexpr (sizeof(CacheT) == 1) {
 #pragma GCC unroll 4
     for (; i + 4 <= N; i += 4) {
-      __m512i lo, hi;
-      fp8_as_half64(p + 16 * i, lo, hi);
-      out[i] = _mm512_cvtph_ps(_mm512_castsi512_si256(lo));
-      out[i + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(lo, 1));
-      out[i + 2] = _mm512_cvtph_ps(_mm512_castsi512_si256(hi));
-      out[i + 3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hi, 1));
+      if constexpr (Lookup) {
+        __m512 four[4];
+        fp8_as_float64(p + 16 * i, four);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) out[i + j] = four[j];
+      } else {
+        __m512i lo, hi;
+        fp8_as_half64(p + 16 * i, lo, hi);
+        out[i] = _mm512_cvtph_ps(_mm512_castsi512_si256(lo));
+        out[i + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(lo, 1));
+        out[i + 2] = _mm512_cvtph_ps(_mm512_castsi512_si256(hi));
+        out[i + 3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hi, 1));
+      }
     }
 #pragma GCC unroll 2
     for (; i + 2 <= N; i += 2) {
@@ -276,7 +360,7 @@ template <int HG>
 inline constexpr int kKeyTile = HG <= 2 ? 8 : (HG == 3 ? 6 : (HG <= 6 ? 4 : 2));
 
 /// Logits of the slots in KR key registers (the first slot `slot`) for heads [g0, g0 + HG).
-template <int KR, int HG, class CacheT>
+template <int KR, int HG, bool Lookup, class CacheT>
 KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch, int g0,
                                                int slot) {
   constexpr int X = static_cast<int>(16 / sizeof(CacheT));  // elements of a key vector
@@ -291,7 +375,7 @@ KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a,
   for (int v = 0; v < vectors; ++v) {
     ask_ahead(ahead);
     __m512 k[KR];
-    load_consecutive(key + v * stride, k);
+    load_consecutive<Lookup>(key + v * stride, k);
 #pragma GCC unroll 8
     for (int g = 0; g < HG; ++g) {
       const float* qg = q + g * a.head_size + v * X;
@@ -315,7 +399,8 @@ KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a,
   }
 }
 
-template <int H, class CacheT>
+/// q.k of a block (host_kernels.hpp); `Lookup`: fp8 codes widened through byte lookups (VBMI).
+template <int H, class CacheT, bool Lookup = false>
 KPA_IMPL_AVX512 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
   constexpr int X = static_cast<int>(16 / sizeof(CacheT));
   constexpr int HG = kHeadTile<H>;
@@ -329,8 +414,8 @@ KPA_IMPL_AVX512 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetc
   prefetch.pace(H / HG * ((a.slots + KR * SPR - 1) / (KR * SPR)));
   for (int g0 = 0; g0 < H; g0 += HG) {
     int slot = 0;
-    for (; slot + KR * SPR <= a.slots; slot += KR * SPR) logits_tile<KR, HG>(a, prefetch, g0, slot);
-    for (; slot + SPR <= a.slots; slot += SPR) logits_tile<1, HG>(a, prefetch, g0, slot);
+    for (; slot + KR * SPR <= a.slots; slot += KR * SPR) logits_tile<KR, HG, Lookup>(a, prefetch, g0, slot);
+    for (; slot + SPR <= a.slots; slot += SPR) logits_tile<1, HG, Lookup>(a, prefetch, g0, slot);
     for (; slot < a.slots; ++slot) avx2::logits_slots<1, HG>(a, prefetch, g0, slot);  // an odd last slot
   }
   prefetch.finish();
@@ -350,7 +435,7 @@ inline constexpr int kRowTile = HG == 1 ? 16 : (HG == 2 ? 8 : (HG == 3 ? 6 : (HG
 /// [g0, g0 + HG) and rows [d0, d0 + R), for a block size B that is a multiple of 16. Lanes past
 /// a run's slots are zero in both operands (the cache there may hold NaN: a zero lane, not
 /// 0 * NaN).
-template <int HG, int R, int B, class CacheT>
+template <int HG, int R, int B, bool Lookup, class CacheT>
 KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch,
                                                const avx2::ValueRun<CacheT>* runs, int count, int g0, int d0,
                                                bool rescale) {
@@ -371,7 +456,7 @@ KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a,
       for (int j = 0; j < B; j += 16) {
         __m512 vv[R];
         if constexpr (B == 16) {  // the tile's rows are adjacent
-          load_consecutive(v + j, vv);
+          load_consecutive<Lookup>(v + j, vv);
         } else {
 #pragma GCC unroll 16
           for (int r = 0; r < R; ++r) vv[r] = load16(v + r * B + j);
@@ -409,16 +494,17 @@ KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a,
   }
 }
 
-template <int HG, int R, int B, class CacheT>
+template <int HG, int R, int B, bool Lookup, class CacheT>
 KPA_IMPL_AVX512_INLINE inline void values_rows(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch,
                                                const avx2::ValueRun<CacheT>* runs, int count, int g0, int d_begin,
                                                int d_end, bool rescale) {
   int d = d_begin;
-  for (; d + R <= d_end; d += R) values_tile<HG, R, B>(a, prefetch, runs, count, g0, d, rescale);
-  for (; d < d_end; ++d) values_tile<HG, 1, B>(a, prefetch, runs, count, g0, d, rescale);
+  for (; d + R <= d_end; d += R) values_tile<HG, R, B, Lookup>(a, prefetch, runs, count, g0, d, rescale);
+  for (; d < d_end; ++d) values_tile<HG, 1, B, Lookup>(a, prefetch, runs, count, g0, d, rescale);
 }
 
-template <int H, class CacheT>
+/// p.V of a chunk (host_kernels.hpp); `Lookup`: fp8 codes widened through byte lookups (VBMI).
+template <int H, class CacheT, bool Lookup = false>
 KPA_IMPL_AVX512 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin,
                                   int d_end) {
   if (a.block_size != 16 && a.block_size != 32) {  // rows of 8 (or any) slots: the AVX2 tiles
@@ -433,9 +519,9 @@ KPA_IMPL_AVX512 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetc
     const int count = avx2::attended_runs(a, first, runs);
     for (int g0 = 0; g0 < H; g0 += HG) {
       if (a.block_size == 16) {
-        values_rows<HG, R, 16>(a, prefetch, runs, count, g0, d_begin, d_end, first == 0);
+        values_rows<HG, R, 16, Lookup>(a, prefetch, runs, count, g0, d_begin, d_end, first == 0);
       } else {
-        values_rows<HG, R, 32>(a, prefetch, runs, count, g0, d_begin, d_end, first == 0);
+        values_rows<HG, R, 32, Lookup>(a, prefetch, runs, count, g0, d_begin, d_end, first == 0);
       }
     }
   }
