@@ -89,20 +89,13 @@ std::vector<kpa::PlanOptions> kernel_paths(const kpa::PlanOptions& base) {
   std::vector<kpa::PlanOptions> paths{base};
   if (!Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) return paths;
   const kpa::BackEndLimits limits = kpa::BackEndLimits::of(Space());
-  if (limits.best_host_isa != kpa::HostIsa::Portable && base.kernel_path != kpa::PlanOptions::Path::Device) {
-    kpa::PlanOptions portable = base;
-    portable.kernel_path = kpa::PlanOptions::Path::Host;
-    portable.host_isa = kpa::HostIsa::Portable;
-    paths.push_back(portable);
-    if (limits.best_host_isa > kpa::HostIsa::Avx2) {
-      kpa::PlanOptions avx2 = portable;
-      avx2.host_isa = kpa::HostIsa::Avx2;
-      paths.push_back(avx2);
-    }
-    if (limits.best_host_isa > kpa::HostIsa::Avx512) {
-      kpa::PlanOptions avx512 = portable;
-      avx512.host_isa = kpa::HostIsa::Avx512;
-      paths.push_back(avx512);
+  if (base.kernel_path != kpa::PlanOptions::Path::Device) {  // every lesser instruction set
+    for (kpa::HostIsa isa : {kpa::HostIsa::Portable, kpa::HostIsa::Avx2, kpa::HostIsa::Avx512}) {
+      if (isa >= limits.best_host_isa) break;
+      kpa::PlanOptions lesser = base;
+      lesser.kernel_path = kpa::PlanOptions::Path::Host;
+      lesser.host_isa = isa;
+      paths.push_back(lesser);
     }
   }
   if (limits.device_path) {

@@ -23,11 +23,11 @@ namespace {
 using kpa::HostIsa;
 
 std::vector<HostIsa> isas_here() {
-  std::vector<HostIsa> isas{HostIsa::Portable};
+  std::vector<HostIsa> isas;
   const HostIsa best = kpa::detail::best_host_isa_here();
-  if (best >= HostIsa::Avx2) isas.push_back(HostIsa::Avx2);
-  if (best >= HostIsa::Avx512) isas.push_back(HostIsa::Avx512);
-  if (best >= HostIsa::Avx512Vbmi) isas.push_back(HostIsa::Avx512Vbmi);
+  for (HostIsa isa : {HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512, HostIsa::Avx512Vbmi}) {
+    if (isa <= best) isas.push_back(isa);
+  }
   return isas;
 }
 

@@ -73,7 +73,6 @@ struct PartitionKernel {
   using member_type = typename policy_type::member_type;
   using cache_type = CacheT;  ///< element type the caches are read as (fp8 formats for byte caches)
   using args_type = AttentionArgs<Space, T, TmpT>;
-  static constexpr int rows_per_pass = H;
 
   args_type args;  ///< the call's views (the caches as raw pointers, typed below)
   const CacheT* key_cache;

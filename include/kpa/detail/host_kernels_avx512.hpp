@@ -173,14 +173,14 @@ KPA_IMPL_AVX512_INLINE inline __m512i lookup_bytes(const std::uint8_t* table, __
 }
 
 /// 64 consecutive fp8 codes as floats times 1 / avx2::Load<CacheT>::scale, 16 per register in
-/// order, through byte lookups: the upper and lower bytes of each code's bfloat16 (the sign
+/// order (out[0, 4)), through byte lookups: the upper and lower bytes of each code's bfloat16 (the sign
 /// added to the upper), bytes to 16-bit lanes and 16-bit lanes to the upper halves of 32-bit
 /// ones, a float's bits. A dword permutation first (a 4 x 4 transpose of 4-code groups) makes
 /// the in-lane unpacks give the natural order. 9 shuffles and 1 logic instruction per 64 codes,
 /// where fp8_as_half64 and four vcvtph2ps take about 21 (host_qk, d128 E4M3, 4 heads: 3.3-4.1
 /// against 4.3-4.8 us per 256-token chunk).
 template <class CacheT>
-KPA_IMPL_AVX512_INLINE inline void fp8_as_float64(const CacheT* p, __m512 (&out)[4]) {
+KPA_IMPL_AVX512_INLINE inline void fp8_as_float64(const CacheT* p, __m512* out) {
   static_assert(sizeof(CacheT) == 1, "fp8 codes");
   const __m512i c = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
                                              _mm512_loadu_si512(p));
@@ -205,10 +205,7 @@ KPA_IMPL_AVX512_INLINE inline void load_consecutive(const CacheT* p, __m512 (&ou
 #pragma GCC unroll 4
     for (; i + 4 <= N; i += 4) {
       if constexpr (Lookup) {
-        __m512 four[4];
-        fp8_as_float64(p + 16 * i, four);
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) out[i + j] = four[j];
+        fp8_as_float64(p + 16 * i, out + i);
       } else {
         __m512i lo, hi;
         fp8_as_half64(p + 16 * i, lo, hi);
