@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds everything and runs the whole suite.
 #   1. Host build (Kokkos Serial + OpenMP, <repo>/build): unit tests on both back ends, on the
-#      host path (the best inner loops of this CPU, the portable ones, and the AVX2 ones where
-#      the best is AVX-512) and the device kernel path; every public header on its own; the C ABI from C and from Python; a kpa-bench smoke
+#      host path (the best inner loops of this CPU and every lesser set: portable, AVX2,
+#      AVX-512 without VBMI) and the device kernel path; every public header on its own; the C ABI from C and from Python; a kpa-bench smoke
 #      run; the installed package used by a separate project and run from its prefix.
 #   2. The PyTorch operators (scripts/python.sh --test): the distribution's torch, the package in
 #      python/ pip-installed into <repo>/build/python-venv against the host build, its pytest suite;
