@@ -1,12 +1,12 @@
-// The host path's two arithmetic loops alone (host_kernels.hpp), one thread, on one 256-token
+// The host path's two arithmetic loops alone (detail/host_loops.hpp), one thread, on one 256-token
 // chunk whose blocks stay in L1 / L2: q.k (block_logits over the chunk's blocks) and p.V
 // (chunk_values over all output dimensions), for every instruction set this CPU runs. What a
 // register tile or a widening costs shows here without the memory system: a decode step adds
 // the cache reads (kpa-bench). Counters: tokens per second (a token being one kv head's key or
 // value vector, used by the H query heads of a pass) and FLOP/s (2 per multiply-add).
 
-#include <kpa/detail/host_kernels.hpp>
-#include <kpa/launch_plan.hpp>
+#include <kpa/detail/host_loops.hpp>
+#include <kpa/host_isa.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -29,7 +29,7 @@ struct Chunk {
   int head_size, block_size, blocks;
   std::vector<CacheT> keys, values;
   std::vector<int> block_ids;
-  std::vector<float> q, probs, o, weight;
+  std::vector<float> q, probs, o;
 
   Chunk(int d, int b) : head_size(d), block_size(b), blocks(kChunkTokens / b) {
     std::mt19937 rng(1);
@@ -46,7 +46,6 @@ struct Chunk {
     probs.resize(static_cast<std::size_t>(H) * kChunkTokens);
     for (float& p : probs) p = (uniform(rng) + 1.0f) / kChunkTokens;
     o.assign(static_cast<std::size_t>(H) * d, 0.0f);
-    weight.assign(H, 0.5f);  // keeps o bounded over the iterations
   }
   std::int64_t block_elements() const { return static_cast<std::int64_t>(block_size) * head_size; }
 };
@@ -64,7 +63,7 @@ template <int H, class CacheT>
 void host_qk(benchmark::State& state) {
   const auto isa = static_cast<HostIsa>(state.range(0));
   Chunk<H, CacheT> c(static_cast<int>(state.range(1)), static_cast<int>(state.range(2)));
-  const auto kernels = kpa::detail::host_kernels<H, CacheT>(isa);
+  const auto kernels = kpa::detail::host_loops<H, CacheT>(isa, c.head_size, c.block_size);
   kpa::detail::BlockPrefetcher idle;  // the chunk stays in cache: nothing to ask for
   for (auto _ : state) {
     for (int b = 0; b < c.blocks; ++b) {
@@ -82,11 +81,11 @@ template <int H, class CacheT>
 void host_pv(benchmark::State& state) {
   const auto isa = static_cast<HostIsa>(state.range(0));
   Chunk<H, CacheT> c(static_cast<int>(state.range(1)), static_cast<int>(state.range(2)));
-  const auto kernels = kpa::detail::host_kernels<H, CacheT>(isa);
+  const auto kernels = kpa::detail::host_loops<H, CacheT>(isa, c.head_size, c.block_size);
   const kpa::detail::ChunkValuesArgs<CacheT> args{c.values.data(), c.block_elements(), c.block_ids.data(),
                                                   c.blocks,        c.block_size,       c.block_size,
                                                   c.head_size,     c.probs.data(),     kChunkTokens,
-                                                  c.weight.data(), c.o.data()};
+                                                  c.o.data()};
   kpa::detail::BlockPrefetcher idle;
   for (auto _ : state) {
     kernels.chunk_values(args, idle, 0, c.head_size);
@@ -99,7 +98,7 @@ void host_pv(benchmark::State& state) {
 /// Every instruction set this CPU runs (the planner's choice among them: KPA_HOST_ISA), for
 /// head sizes 128 and 256 in blocks of 16.
 void shapes(benchmark::internal::Benchmark* b) {
-  const HostIsa best = kpa::detail::best_host_isa_here();
+  const HostIsa best = kpa::detail::best_host_isa();
   b->ArgNames({"isa", "head_size", "block_size"});
   for (HostIsa isa : {HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512, HostIsa::Avx512Vbmi}) {
     if (isa > best) continue;

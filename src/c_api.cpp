@@ -375,7 +375,7 @@ const char* kpa_version(void) { return kpa::version_string; }
 const char* kpa_host_isa(void) {
   if constexpr (!Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) return "device";
   try {
-    return kpa::to_string(kpa::detail::chosen_host_isa(kpa::detail::best_host_isa_here())).data();
+    return kpa::to_string(kpa::detail::chosen_host_isa(kpa::detail::best_host_isa())).data();
   } catch (const kpa::Error& e) {  // a KPA_HOST_ISA this CPU cannot run
     last_error = e.what();
     return "";

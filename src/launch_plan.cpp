@@ -1,8 +1,8 @@
-#include <kpa/detail/tile_config.hpp>
 #include <kpa/error.hpp>
 #include <kpa/launch_plan.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
@@ -11,9 +11,6 @@
 #include <sstream>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
-#endif
 
 namespace kpa {
 namespace {
@@ -23,21 +20,16 @@ namespace {
 constexpr int kMinAutoPartitionTokens = 256;
 // On hosts, the automatic entry point's partitions hold at most this many tokens, however few
 // the sequences: the tiles of one stretch of blocks (its kv heads) then run one after another
-// while the stretch's page-table entries are cached. One 100K-token sequence per kv head read
-// 20-25% slower than 64 sequences of 1.5K (the paged-read probe: 15-17 against 20-21 GB/s);
-// partitions of 2048-8192 tokens brought it to within 1.15x per token.
+// while the stretch's page-table entries are still cached, where one long sequence per kv head
+// would walk its whole table alone.
 constexpr int kHostMaxPartitionTokens = 4096;
 // Tokens per chunk: the host path keeps a chunk's logits in L1 (16 rows x 256 tokens: 16 KiB)
-// and reduces its p.V accumulators once per chunk (256 tokens against 128: 0.6-0.85x the time of
-// 1 x 20000 tokens, 32/2 heads, d256, AVX-512, and about 0.93x on 1 x 8192, 32/8, d128); the
-// device path amortises the chunk's team reduction and barriers over more tokens.
+// and reduces its p.V accumulators once per chunk; the device path amortises the chunk's team
+// reduction and barriers over more tokens.
 constexpr int kHostChunkTokens = 256;
-// fp8 caches read by passes of one or two rows (MHA, groups of 2) take half that. Their steps are
+// fp8 caches read by passes of one or two rows (MHA, groups of 2) take half that: their steps are
 // bound by the widening arithmetic and the reads alike, and the shorter chunk overlaps the two
-// better (kpa-bench, Xeon, AVX-512, 2 threads, 16 x 4096 tokens, three runs each: 32/32 heads
-// 29.2-30.2 ms against 31.9-33.7 ms, 32/16 heads 15.3-15.8 against 16.6-17.5). With more rows, or
-// with f16 caches, 128-token chunks gained nothing or lost up to 8% (32/2 heads, d256, fp8: 4.8
-// against 4.5 ms; 32/32 heads, f16: 45.8-49.5 against 42.9-46.4 ms).
+// better. With more rows, or 16-bit caches, the longer chunk is the faster.
 constexpr int kHostFewRowsFp8ChunkTokens = 128;
 constexpr int kHostFewRows = 2;
 constexpr int kDeviceChunkTokens = 256;
@@ -65,6 +57,11 @@ int parse_positive(std::string_view text, std::string_view spec) {
 
 void require_positive(const char* what, long long value) {
   if (value <= 0) plan_error(std::string(what) + " must be positive, got " + std::to_string(value));
+}
+
+template <int... Rows>
+constexpr std::array<int, sizeof...(Rows)> values_of(std::integer_sequence<int, Rows...>) {
+  return {Rows...};
 }
 
 /// The rows per pass among `candidates` that reads a tile's K/V the fewest times for its `rows`
@@ -122,62 +119,6 @@ int auto_partition_size(const DeviceProfile& profile, const ProblemShape& shape,
 
 }  // namespace
 
-std::string_view to_string(HostIsa isa) {
-  switch (isa) {
-    case HostIsa::Avx512Vbmi: return "avx512vbmi";
-    case HostIsa::Avx512: return "avx512";
-    case HostIsa::Avx2: return "avx2";
-    default: return "portable";
-  }
-}
-
-HostIsa parse_host_isa(std::string_view name) {
-  if (name == "portable") return HostIsa::Portable;
-  if (name == "avx2") return HostIsa::Avx2;
-  if (name == "avx512") return HostIsa::Avx512;
-  if (name == "avx512vbmi") return HostIsa::Avx512Vbmi;
-  throw Error("kpa: unknown host instruction set '" + std::string(name) +
-              "' (expected 'portable', 'avx2', 'avx512' or 'avx512vbmi')");
-}
-
-namespace detail {
-HostIsa cpu_host_isa() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  // AVX2, FMA and F16C, and the operating system saving the YMM registers; then AVX-512 F, BW,
-  // VL and DQ with the opmask and ZMM state saved too, then VBMI (cpuid and xgetbv: not every
-  // compiler's __builtin_cpu_supports knows F16C).
-  static const HostIsa isa = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return HostIsa::Portable;
-    const bool fma = (c >> 12) & 1u, osxsave = (c >> 27) & 1u, avx = (c >> 28) & 1u, f16c = (c >> 29) & 1u;
-    if (!(fma && osxsave && avx && f16c)) return HostIsa::Portable;
-    unsigned xcr0 = 0, xcr0_high = 0;
-    __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
-    if ((xcr0 & 6u) != 6u) return HostIsa::Portable;  // XMM and YMM state
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return HostIsa::Portable;
-    if (((b >> 5) & 1u) == 0) return HostIsa::Portable;
-    const bool avx512 = ((b >> 16) & 1u) && ((b >> 17) & 1u) && ((b >> 30) & 1u) && ((b >> 31) & 1u);
-    if (!avx512 || (xcr0 & 0xe0u) != 0xe0u) return HostIsa::Avx2;
-    return ((c >> 1) & 1u) ? HostIsa::Avx512Vbmi : HostIsa::Avx512;
-  }();
-  return isa;
-#else
-  return HostIsa::Portable;
-#endif
-}
-
-HostIsa chosen_host_isa(HostIsa best) {
-  const char* name = std::getenv("KPA_HOST_ISA");
-  if (name == nullptr || *name == '\0') return best;
-  const HostIsa isa = parse_host_isa(name);
-  if (isa > best) {
-    throw Error(std::string("kpa: KPA_HOST_ISA=") + name + " is not available here (best: " +
-                std::string(to_string(best)) + ")");
-  }
-  return isa;
-}
-}  // namespace detail
-
 DeviceProfile DeviceProfile::bi_v100() {
   DeviceProfile profile;
   profile.name = "bi-v100";
@@ -231,7 +172,7 @@ DeviceProfile DeviceProfile::from_name(std::string_view spec) {
               "' (expected 'bi-v100', 'host:THREADS' or 'NAME:SM_COUNT:OCCUPANCY:SUBSCRIPTION')");
 }
 
-LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, const PlanOptions& options) {
+void check_plan_inputs(const DeviceProfile& profile, const ProblemShape& shape, const PlanOptions& options) {
   if (shape.num_seqs < 0) plan_error("num_seqs must not be negative, got " + std::to_string(shape.num_seqs));
   require_positive("num_heads", shape.num_heads);
   require_positive("num_kv_heads", shape.num_kv_heads);
@@ -258,38 +199,24 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
     plan_error("num_heads (" + std::to_string(shape.num_heads) + ") is not a multiple of num_kv_heads (" +
                std::to_string(shape.num_kv_heads) + ")");
   }
+  if (static_cast<long long>(shape.num_heads / shape.num_kv_heads) * std::max(shape.max_query_len, 1) >
+      std::numeric_limits<int>::max()) {
+    plan_error("max_query_len x query heads per kv head exceeds the int range");
+  }
   if (options.team_size < 0 || options.vector_length < 0 || options.league_size < 0 || options.partition_size < 0) {
     plan_error("partition_size, team_size, vector_length and league_size overrides must not be negative");
   }
+  if (options.partition_size != 0 && options.partition_size % shape.block_size != 0) {
+    plan_error("partition_size " + std::to_string(options.partition_size) + " is not a positive multiple of block_size " +
+               std::to_string(shape.block_size));
+  }
+}
 
-  LaunchPlan plan;
-  plan.profile = profile.name;
+namespace {
+
+/// The kernel path and, for the host path, its instruction set.
+void plan_kernel_path(const DeviceProfile& profile, const PlanOptions& options, LaunchPlan& plan) {
   const BackEndLimits& limits = profile.limits;
-  const long long league_bound = options.league_size > 0 ? options.league_size : profile.max_blocks();
-
-  // Partitions.
-  if (options.partition_size != 0) {
-    if (options.partition_size % shape.block_size != 0) {
-      plan_error("partition_size " + std::to_string(options.partition_size) + " is not a positive multiple of block_size " +
-                 std::to_string(shape.block_size));
-    }
-    plan.partition_size = options.partition_size;
-  } else {
-    plan.partition_size = auto_partition_size(profile, shape, league_bound);
-  }
-  plan.num_partitions = static_cast<int>(std::max(1LL, ceil_div(shape.attended_span(), plan.partition_size)));
-  plan.single_partition = plan.num_partitions == 1;
-  const long long tiles = static_cast<long long>(shape.num_seqs) * shape.num_kv_heads * plan.num_partitions;
-  if (tiles > std::numeric_limits<int>::max()) {
-    plan_error(std::to_string(tiles) + " tiles (num_seqs x num_kv_heads x partitions) exceed the int range");
-  }
-  plan.tiles = static_cast<int>(tiles);
-  plan.league_size = static_cast<int>(std::min<long long>(plan.tiles, league_bound));
-  plan.tiles_per_team = plan.league_size > 0 ? static_cast<int>(ceil_div(plan.tiles, plan.league_size)) : 0;
-  plan.reduce_league_size =
-      static_cast<int>(std::min<long long>(static_cast<long long>(shape.query_rows()) * shape.num_heads, league_bound));
-
-  // Kernel path and team shape.
   bool device_path = false;
   switch (options.kernel_path) {
     case PlanOptions::Path::Device: device_path = true; break;
@@ -307,11 +234,16 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
     throw UnsupportedError("kpa::plan_launch: host instruction set " + std::string(to_string(plan.host_isa)) +
                            " is not available here (best: " + std::string(to_string(limits.best_host_isa)) + ")");
   }
+}
+
+/// Team and vector sizes, rows per pass and chunk length of the plan's kernel path.
+void plan_team_shape(const DeviceProfile& profile, const ProblemShape& shape, const PlanOptions& options,
+                     LaunchPlan& plan) {
+  const BackEndLimits& limits = profile.limits;
   // A tile's rows: its sequence's query tokens x the group's query heads.
-  const long long rows = static_cast<long long>(shape.num_heads / shape.num_kv_heads) * std::max(shape.max_query_len, 1);
-  if (rows > std::numeric_limits<int>::max()) plan_error("max_query_len x query heads per kv head exceeds the int range");
-  const int tile_rows = static_cast<int>(rows);
-  if (device_path) {
+  const int tile_rows = shape.num_heads / shape.num_kv_heads * std::max(shape.max_query_len, 1);
+  int chunk = kDeviceChunkTokens;
+  if (plan.kernel_path == KernelPath::Device) {
     plan.vector_length = options.vector_length > 0 ? options.vector_length
                                                    : std::min(kDeviceVectorLength, limits.max_vector_length);
     const int threads = static_cast<int>(
@@ -320,19 +252,17 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
                          ? options.team_size
                          : std::max(1, std::min({threads / plan.vector_length, limits.max_team_size,
                                                  limits.max_team_threads / plan.vector_length}));
-    plan.rows_per_pass = rows_per_pass_for(tile_rows, detail::kDeviceRowsPerPass);
-    plan.chunk_tokens = static_cast<int>(std::max<long long>(
-        shape.block_size, (kDeviceChunkTokens / shape.block_size) * static_cast<long long>(shape.block_size)));
+    plan.rows_per_pass = rows_per_pass_for(tile_rows, values_of(DeviceRowsPerPass{}));
   } else {
     // One thread per team by default: decode attention streams the cache, and a core reads it fastest alone.
     plan.vector_length = options.vector_length > 0 ? options.vector_length : 1;
     plan.team_size = options.team_size > 0 ? options.team_size : 1;
-    plan.rows_per_pass = rows_per_pass_for(tile_rows, detail::kHostRowsPerPass);
-    const int chunk = shape.cache_element_size == 1 && plan.rows_per_pass <= kHostFewRows ? kHostFewRowsFp8ChunkTokens
-                                                                                            : kHostChunkTokens;
-    plan.chunk_tokens = static_cast<int>(
-        std::max<long long>(shape.block_size, (chunk / shape.block_size) * static_cast<long long>(shape.block_size)));
+    plan.rows_per_pass = rows_per_pass_for(tile_rows, values_of(HostRowsPerPass{}));
+    chunk = shape.cache_element_size == 1 && plan.rows_per_pass <= kHostFewRows ? kHostFewRowsFp8ChunkTokens
+                                                                                 : kHostChunkTokens;
   }
+  plan.chunk_tokens = static_cast<int>(
+      std::max<long long>(shape.block_size, (chunk / shape.block_size) * static_cast<long long>(shape.block_size)));
   if (!is_power_of_two(plan.vector_length) || plan.vector_length > limits.max_vector_length) {
     plan_error("vector_length " + std::to_string(plan.vector_length) + " is not a power of two up to " +
                std::to_string(limits.max_vector_length));
@@ -344,12 +274,63 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
                std::to_string(limits.max_team_size) + ", threads per team <= " +
                std::to_string(limits.max_team_threads) + ")");
   }
+}
 
-  const detail::TileScratchLayout layout(plan.rows_per_pass, shape.head_size, plan.chunk_tokens, shape.block_size);
+/// The team scratch of a tile pass (the kernels carve it as laid out here).
+void plan_scratch(const DeviceProfile& profile, const ProblemShape& shape, LaunchPlan& plan) {
+  TileScratchLayout& layout = plan.scratch_layout;
+  const std::size_t rows = static_cast<std::size_t>(plan.rows_per_pass);
+  layout.q = 0;
+  layout.o = rows * shape.head_size;
+  layout.probs = 2 * layout.o;
+  layout.running = layout.probs + rows * plan.chunk_tokens;
+  layout.floats = layout.running + 3 * rows;
+  layout.ints = static_cast<std::size_t>(plan.chunk_tokens / shape.block_size);
   plan.scratch_bytes = layout.bytes();
-  plan.scratch_level = plan.scratch_bytes <= limits.max_scratch_level0_bytes ? 0 : 1;
+  plan.scratch_level = plan.scratch_bytes <= profile.limits.max_scratch_level0_bytes ? 0 : 1;
+}
+
+/// Partitions, tiles and the two leagues, for teams of which `profile` holds the given number.
+void plan_league(const DeviceProfile& profile, const ProblemShape& shape, const PlanOptions& options,
+                 LaunchPlan& plan) {
+  const long long league_bound = options.league_size > 0 ? options.league_size : profile.max_blocks();
+  plan.partition_size = options.partition_size != 0 ? options.partition_size
+                                                    : auto_partition_size(profile, shape, league_bound);
+  plan.num_partitions = static_cast<int>(std::max(1LL, ceil_div(shape.attended_span(), plan.partition_size)));
+  plan.single_partition = plan.num_partitions == 1;
+  const long long tiles = static_cast<long long>(shape.num_seqs) * shape.num_kv_heads * plan.num_partitions;
+  if (tiles > std::numeric_limits<int>::max()) {
+    plan_error(std::to_string(tiles) + " tiles (num_seqs x num_kv_heads x partitions) exceed the int range");
+  }
+  plan.tiles = static_cast<int>(tiles);
+  plan.league_size = static_cast<int>(std::min<long long>(plan.tiles, league_bound));
+  plan.tiles_per_team = plan.league_size > 0 ? static_cast<int>(ceil_div(plan.tiles, plan.league_size)) : 0;
+  plan.reduce_league_size =
+      static_cast<int>(std::min<long long>(static_cast<long long>(shape.query_rows()) * shape.num_heads, league_bound));
   plan.reduce_scratch_bytes = static_cast<std::size_t>(plan.num_partitions) * sizeof(float) + 128;
-  plan.reduce_scratch_level = plan.reduce_scratch_bytes <= limits.max_scratch_level0_bytes ? 0 : 1;
+  plan.reduce_scratch_level = plan.reduce_scratch_bytes <= profile.limits.max_scratch_level0_bytes ? 0 : 1;
+}
+
+}  // namespace
+
+LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, const PlanOptions& options,
+                       const OccupancyQuery& occupancy) {
+  check_plan_inputs(profile, shape, options);
+  LaunchPlan plan;
+  plan.profile = profile.name;
+  plan_kernel_path(profile, options, plan);
+  plan_team_shape(profile, shape, options, plan);
+  plan_scratch(profile, shape, plan);
+  if (profile.occupancy_from_kernel && occupancy) {
+    // The team shape does not depend on occupancy; the league does.
+    if (const int resident = occupancy(plan); resident > 0 && resident != profile.sm_occupancy) {
+      DeviceProfile measured = profile;
+      measured.sm_occupancy = resident;
+      plan_league(measured, shape, options, plan);
+      return plan;
+    }
+  }
+  plan_league(profile, shape, options, plan);
   return plan;
 }
 

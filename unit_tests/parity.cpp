@@ -1,11 +1,14 @@
-// Parity between two execution spaces (test_spaces.hpp: on a CUDA build the host back end and the
-// GPU, on a host build Serial and OpenMP): the same inputs through both, every output of the
-// second within the per-dtype tolerance of the first. Runs kpa-bench's default suite and the
-// head-size x block-size x dtype grid; prints the largest difference of each workload.
+// Parity between the two kernel paths on two execution spaces (test_spaces.hpp): the host path on
+// a host back end against the device path on the GPU (CUDA builds), on the other host back end
+// (Serial and OpenMP), or on the same one where the build has only one. The same inputs through
+// both, every output of the second within the per-dtype tolerance of the first. Runs kpa-bench's
+// default suite and the head-size x block-size x dtype grid; prints the largest difference of
+// each workload.
 
 #include "attention_runner.hpp"
 #include "test_spaces.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace {
@@ -14,12 +17,25 @@ using namespace kpa_test;
 using First = ParitySpaces::first;
 using Second = ParitySpaces::second;
 
+/// The kernel path each side runs: the host path on the first space, the device path on the
+/// second (on a host back end with two team members and four vector lanes).
+template <class Space>
+kpa::PlanOptions path_on(bool first) {
+  kpa::PlanOptions options;
+  options.kernel_path = first ? kpa::PlanOptions::Path::Host : kpa::PlanOptions::Path::Device;
+  if (!first && Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+    options.team_size = std::min<int>(2, static_cast<int>(Space().concurrency()));
+    options.vector_length = 4;
+  }
+  return options;
+}
+
 /// Runs `version` of the problem on Space and returns its output on the host, as float.
 template <class T, class Space, class C>
-std::vector<float> output_on(const HostProblem& p, Version version, int partition_size) {
+std::vector<float> output_on(const HostProblem& p, Version version, int partition_size, bool first) {
   DeviceProblem<T, Space, C> d(p);
   kpa::Workspace<Space> workspace;
-  run_version(version, d, partition_size, {}, workspace, p);
+  run_version(version, d, partition_size, path_on<Space>(first), workspace, p);
   const auto host = kpa::detail::compat::host_copy(d.out);
   std::vector<float> out(host.size());
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = kpa::to_float(host.data()[i]);
@@ -30,20 +46,20 @@ std::vector<float> output_on(const HostProblem& p, Version version, int partitio
 template <class T, class C = T>
 double check_parity(const std::string& name, const ProblemSpec& spec, Version version, int partition_size = 512) {
   const HostProblem p = make_problem<T>(spec);
-  const std::vector<float> first = output_on<T, First, C>(p, version, partition_size);
-  const std::vector<float> second = output_on<T, Second, C>(p, version, partition_size);
+  const std::vector<float> first = output_on<T, First, C>(p, version, partition_size, true);
+  const std::vector<float> second = output_on<T, Second, C>(p, version, partition_size, false);
   double worst = 0.0;
   int reported = 0;
   for (std::size_t i = 0; i < first.size(); ++i) {
     const double diff = std::fabs(static_cast<double>(second[i]) - first[i]);
     worst = std::isnan(diff) ? diff : std::max(worst, diff);
     if (!(diff <= Tolerance<T>::atol + Tolerance<T>::rtol * std::fabs(first[i])) && reported++ < 5) {
-      ADD_FAILURE() << name << ": element " << i << ": " << Second::name() << " " << second[i] << ", "
-                    << First::name() << " " << first[i];
+      ADD_FAILURE() << name << ": element " << i << ": " << Second::name() << " device path " << second[i] << ", "
+                    << First::name() << " host path " << first[i];
     }
   }
-  std::printf("parity %-34s %-4s %-4s max |%s - %s| = %.3g (tolerance %.3g)\n", name.c_str(), dtype_name<T>(),
-              version_name(version), Second::name(), First::name(), worst, Tolerance<T>::atol);
+  std::printf("parity %-34s %-4s %-4s max |%s device path - %s host path| = %.3g (tolerance %.3g)\n", name.c_str(),
+              dtype_name<T>(), version_name(version), Second::name(), First::name(), worst, Tolerance<T>::atol);
   return worst;
 }
 

@@ -1,11 +1,12 @@
-// The host path's inner loops (detail/host_kernels.hpp) on their own, for every instruction set
-// this machine runs, against float64 sums written here: every cache type, odd block and head
+// The host path's inner loops (detail/host_loops.hpp) on their own, for every instruction set
+// (an instruction set this CPU lacks reports a skip), against float64 sums written here: every cache type, odd block and head
 // sizes, partly filled blocks whose unused slots hold NaN, skipped blocks, and the exp's special
 // values. The attention tests cover them again inside the kernels.
 
 #include "problem.hpp"
 
-#include <kpa/detail/host_kernels.hpp>
+#include <kpa/detail/host_loops.hpp>
+#include <kpa/host_isa.hpp>
 
 #include <gtest/gtest.h>
 
@@ -22,33 +23,51 @@ namespace {
 
 using kpa::HostIsa;
 
-std::vector<HostIsa> isas_here() {
-  std::vector<HostIsa> isas;
-  const HostIsa best = kpa::detail::best_host_isa_here();
-  for (HostIsa isa : {HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512, HostIsa::Avx512Vbmi}) {
-    if (isa <= best) isas.push_back(isa);
-  }
-  return isas;
-}
-
 std::string name_of(HostIsa isa) { return std::string(kpa::to_string(isa)); }
 
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
+/// One instruction set per test instance; skipped where this CPU (or this build) lacks it.
+class HostLoops : public ::testing::TestWithParam<HostIsa> {
+ protected:
+  void SetUp() override {
+    if (GetParam() > kpa::detail::best_host_isa()) {
+      GTEST_SKIP() << name_of(GetParam()) << " is not available here (best: "
+                   << name_of(kpa::detail::best_host_isa()) << ")";
+    }
+  }
+  HostIsa isa() const { return GetParam(); }
+};
+
+INSTANTIATE_TEST_SUITE_P(AllInstructionSets, HostLoops,
+                         ::testing::Values(HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512, HostIsa::Avx512Vbmi),
+                         [](const ::testing::TestParamInfo<HostIsa>& info) { return name_of(info.param); });
+
+// The table runs the set asked for wherever that set has the loop: a test of one set never
+// measures another.
+TEST_P(HostLoops, SelectsTheSetAskedFor) {
+  const HostIsa want = isa() == HostIsa::Avx512Vbmi ? HostIsa::Avx512 : isa();  // VBMI serves fp8 only
+  EXPECT_EQ((kpa::detail::host_loops<4, kpa::half>(isa(), 128, 16).isa), want);
+  EXPECT_EQ((kpa::detail::host_loops<4, kpa::fp8_e4m3>(isa(), 128, 16).isa), isa());
+  const HostIsa f32 = isa() > HostIsa::Avx2 ? HostIsa::Avx2 : isa();  // f32 caches: at most AVX2
+  EXPECT_EQ((kpa::detail::host_loops<1, float>(isa(), 64, 16).isa), f32);
+}
+
 // The soft cap's vectorised tanh: within 4e-7 * cap of tanh in float64 over the whole range
 // (including where tanh saturates and near 0), -inf stays -inf, +inf gives cap, NaN stays NaN;
 // every row length (masked tails).
-TEST(HostKernels, RowSoftCapMatchesTanh) {
-  for (HostIsa isa : isas_here()) {
-    const auto kernels = kpa::detail::host_kernels<1, float>(isa);
+TEST_P(HostLoops, RowSoftCapMatchesTanh) {
+  const HostIsa isa = this->isa();
+  {
+    const auto rows = kpa::detail::host_row_loops(isa);
     for (float cap : {0.25f, 30.0f, 50.0f}) {
       std::vector<float> x;
       for (float v = -40.0f * cap; v <= 40.0f * cap; v += 0.0173f * cap) x.push_back(v);
       for (float v : {0.0f, 1e-6f, -1e-6f, -kInf, kInf, kNan}) x.push_back(v);
       for (int n : {static_cast<int>(x.size()), 1, 7, 9}) {
         std::vector<float> p(x.begin(), x.begin() + n);
-        kernels.row_soft_cap(p.data(), n, cap);
+        rows.soft_cap(p.data(), n, cap);
         for (int i = 0; i < n; ++i) {
           if (std::isnan(x[i])) {
             EXPECT_TRUE(std::isnan(p[i])) << name_of(isa);
@@ -64,9 +83,10 @@ TEST(HostKernels, RowSoftCapMatchesTanh) {
   }
 }
 
-TEST(HostKernels, RowSoftmaxMatchesStdExpAndKeepsSpecialValues) {
-  for (HostIsa isa : isas_here()) {
-    const auto kernels = kpa::detail::host_kernels<1, float>(isa);
+TEST_P(HostLoops, RowSoftmaxMatchesStdExpAndKeepsSpecialValues) {
+  const HostIsa isa = this->isa();
+  {
+    const auto rows = kpa::detail::host_row_loops(isa);
     std::vector<float> x;
     for (float v = -100.0f; v <= 0.0f; v += 0.0371f) x.push_back(v);
     x.push_back(-kInf);
@@ -77,7 +97,7 @@ TEST(HostKernels, RowSoftmaxMatchesStdExpAndKeepsSpecialValues) {
     std::vector<float> p(x.size());
     for (std::size_t i = 0; i < x.size(); ++i) p[i] = x[i] + 0.5f;  // the row's max is 0.5
     float max = 0.0f;
-    const float sum = kernels.row_softmax(p.data(), static_cast<int>(p.size()), 0.0f, 0.0f, -kInf, &max);
+    const float sum = rows.softmax(p.data(), static_cast<int>(p.size()), -kInf, &max);
     EXPECT_EQ(max, 0.5f) << name_of(isa) << ": NaN is ignored by the max";
     EXPECT_TRUE(std::isnan(sum)) << name_of(isa) << ": a NaN logit makes the sum NaN";
     for (std::size_t i = 0; i < x.size(); ++i) {
@@ -94,9 +114,11 @@ TEST(HostKernels, RowSoftmaxMatchesStdExpAndKeepsSpecialValues) {
   }
 }
 
-TEST(HostKernels, RowSoftmaxAddsAlibiAndTakesTheFloor) {
-  for (HostIsa isa : isas_here()) {
-    const auto kernels = kpa::detail::host_kernels<1, float>(isa);
+// ALiBi's ramp, then the softmax with a floor on its max.
+TEST_P(HostLoops, RampThenSoftmaxTakesTheFloor) {
+  const HostIsa isa = this->isa();
+  {
+    const auto rows = kpa::detail::host_row_loops(isa);
     for (int n = 0; n <= 19; ++n) {
       std::vector<float> logits(n);
       for (int i = 0; i < n; ++i) logits[i] = std::sin(1.7f * i);
@@ -104,7 +126,8 @@ TEST(HostKernels, RowSoftmaxAddsAlibiAndTakesTheFloor) {
         const float slope = 0.25f, position = -static_cast<float>(n) + 1;
         std::vector<float> p = logits;
         float max = 0.0f;
-        const float sum = kernels.row_softmax(p.data(), n, slope, position, floor, &max);
+        rows.add_ramp(p.data(), n, slope, position);
+        const float sum = rows.softmax(p.data(), n, floor, &max);
         double expected_max = floor, expected_sum = 0.0;
         for (int i = 0; i < n; ++i) expected_max = std::max(expected_max, logits[i] + slope * (position + i) + 0.0);
         if (expected_max == -kInf) {  // n = 0 with no floor (EXPECT_NEAR of infinities is NaN)
@@ -122,7 +145,7 @@ TEST(HostKernels, RowSoftmaxAddsAlibiAndTakesTheFloor) {
       // Nothing attended: a max of -inf gives zeros and a zero sum.
       std::vector<float> masked(n, -kInf);
       float max = 0.0f;
-      EXPECT_EQ(kernels.row_softmax(masked.data(), n, 0.0f, 0.0f, -kInf, &max), 0.0f) << name_of(isa);
+      EXPECT_EQ(rows.softmax(masked.data(), n, -kInf, &max), 0.0f) << name_of(isa);
       EXPECT_EQ(max, -kInf) << name_of(isa);
       for (float v : masked) EXPECT_EQ(v, 0.0f) << name_of(isa);
     }
@@ -160,7 +183,7 @@ template <int H, class S>
 void check_block_logits(HostIsa isa, int block_size, int head_size) {
   std::mt19937 rng(block_size * 131 + head_size * 7 + H);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  const auto kernels = kpa::detail::host_kernels<H, S>(isa);
+  const auto kernels = kpa::detail::host_loops<H, S>(isa, head_size, block_size);
   for (int slots : {block_size, block_size - 1, 1}) {
     if (slots < 1) continue;
     const Block<S> block(block_size, head_size, slots, rng);
@@ -189,7 +212,7 @@ template <int H, class S>
 void check_chunk_values(HostIsa isa, int block_size, int head_size, int last) {
   std::mt19937 rng(block_size * 17 + head_size + H + last * 5);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
-  const auto kernels = kpa::detail::host_kernels<H, S>(isa);
+  const auto kernels = kpa::detail::host_loops<H, S>(isa, head_size, block_size);
   const int blocks = 3;
   std::vector<Block<S>> cache;
   for (int b = 0; b < blocks; ++b) cache.emplace_back(block_size, head_size, b + 1 == blocks ? last : block_size, rng);
@@ -201,24 +224,21 @@ void check_chunk_values(HostIsa isa, int block_size, int head_size, int last) {
   std::vector<float> probs(static_cast<std::size_t>(H) * probs_stride, kNan);  // NaN past the chunk
   for (int g = 0; g < H; ++g)
     for (int t = 0; t < (blocks - 1) * block_size + last; ++t) probs[g * probs_stride + t] = uniform(rng);
-  std::vector<float> o(static_cast<std::size_t>(H) * head_size), weight(H);
+  std::vector<float> o(static_cast<std::size_t>(H) * head_size);
   for (float& v : o) v = uniform(rng);
-  for (float& v : weight) v = uniform(rng);
   const std::vector<float> o_before = o;
   const int begin = head_size > 5 ? 3 : 0, end = head_size;  // a range that starts off any tile
   const kpa::detail::ChunkValuesArgs<S> args{values.data(), static_cast<std::int64_t>(block_size) * head_size,
                                              ids,           blocks,
                                              last,          block_size,
                                              head_size,     probs.data(),
-                                             probs_stride,  weight.data(),
-                                             o.data()};
+                                             probs_stride,  o.data()};
   kpa::detail::BlockPrefetcher idle;
   kernels.chunk_values(args, idle, begin, end);
   for (int g = 0; g < H; ++g)
     for (int d = 0; d < head_size; ++d) {
       double expected = o_before[g * head_size + d];
       if (d >= begin && d < end) {
-        expected *= weight[g];
         for (int lb : {0, 2}) {
           const int slots = lb == 2 ? last : block_size;
           for (int slot = 0; slot < slots; ++slot)
@@ -231,42 +251,41 @@ void check_chunk_values(HostIsa isa, int block_size, int head_size, int last) {
 }
 
 template <int H, class S>
-void check_shapes(const std::vector<int>& head_sizes) {
-  for (HostIsa isa : isas_here())
-    for (int block_size : {1, 3, 8, 12, 16, 32})
-      for (int head_size : head_sizes) {
-        check_block_logits<H, S>(isa, block_size, head_size);
-        // The last block full, one short (a masked tail after whole vectors), one slot, and half
-        // full plus one (a masked vector in the middle of the block row).
-        for (int last : {block_size, block_size - 1, 1, block_size / 2 + 1}) {
-          if (last >= 1 && last <= block_size) check_chunk_values<H, S>(isa, block_size, head_size, last);
-        }
+void check_shapes(HostIsa isa, const std::vector<int>& head_sizes) {
+  for (int block_size : {1, 3, 8, 12, 16, 32})
+    for (int head_size : head_sizes) {
+      check_block_logits<H, S>(isa, block_size, head_size);
+      // The last block full, one short (a masked tail after whole vectors), one slot, and half
+      // full plus one (a masked vector in the middle of the block row).
+      for (int last : {block_size, block_size - 1, 1, block_size / 2 + 1}) {
+        if (last >= 1 && last <= block_size) check_chunk_values<H, S>(isa, block_size, head_size, last);
       }
+    }
 }
 
-TEST(HostKernels, F32Caches) {
-  check_shapes<1, float>({4, 12, 36, 128});
-  check_shapes<4, float>({12, 64});
+TEST_P(HostLoops, F32Caches) {
+  check_shapes<1, float>(isa(), {4, 12, 36, 128});
+  check_shapes<4, float>(isa(), {12, 64});
 }
-TEST(HostKernels, F16Caches) {
-  check_shapes<1, kpa::half>({8, 24, 128});
-  check_shapes<2, kpa::half>({40});
-  check_shapes<4, kpa::half>({64, 256});
-  check_shapes<6, kpa::half>({80});
-  check_shapes<8, kpa::half>({128});
-  check_shapes<16, kpa::half>({24});
+TEST_P(HostLoops, F16Caches) {
+  check_shapes<1, kpa::half>(isa(), {8, 24, 128});
+  check_shapes<2, kpa::half>(isa(), {40});
+  check_shapes<4, kpa::half>(isa(), {64, 256});
+  check_shapes<6, kpa::half>(isa(), {80});
+  check_shapes<8, kpa::half>(isa(), {128});
+  check_shapes<16, kpa::half>(isa(), {24});
 }
-TEST(HostKernels, Bf16Caches) {
-  check_shapes<4, kpa::bfloat16>({8, 96});
-  check_shapes<6, kpa::bfloat16>({16});
+TEST_P(HostLoops, Bf16Caches) {
+  check_shapes<4, kpa::bfloat16>(isa(), {8, 96});
+  check_shapes<6, kpa::bfloat16>(isa(), {16});
 }
-TEST(HostKernels, Fp8Caches) {
-  check_shapes<1, kpa::fp8_e4m3>({16, 48});
-  check_shapes<4, kpa::fp8_e4m3>({128});
-  check_shapes<6, kpa::fp8_e4m3>({32});
-  check_shapes<2, kpa::fp8_e5m2>({16, 64});
-  check_shapes<8, kpa::fp8_e5m2>({32});
-  check_shapes<16, kpa::fp8_e5m2>({16});
+TEST_P(HostLoops, Fp8Caches) {
+  check_shapes<1, kpa::fp8_e4m3>(isa(), {16, 48});
+  check_shapes<4, kpa::fp8_e4m3>(isa(), {128});
+  check_shapes<6, kpa::fp8_e4m3>(isa(), {32});
+  check_shapes<2, kpa::fp8_e5m2>(isa(), {16, 64});
+  check_shapes<8, kpa::fp8_e5m2>(isa(), {32});
+  check_shapes<16, kpa::fp8_e5m2>(isa(), {16});
 }
 
 // The query and output row conversions of every instruction set against the scalar ones, bit
@@ -302,7 +321,7 @@ void check_row_conversions(HostIsa isa) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
   while (values.size() < 40) values.push_back(uniform(rng));
-  const auto rows = kpa::detail::host_row_kernels<T>(isa);
+  const auto rows = kpa::detail::host_row_conversions<T>(isa);
   for (float factor : {1.0f, 0.5f, -3.0f}) {
     for (int n = 0; n <= static_cast<int>(values.size()); ++n) {
       std::vector<T> out(n + 9, kpa::detail::from_float<T>(-12345.0f));
@@ -326,20 +345,18 @@ void check_row_conversions(HostIsa isa) {
   }
 }
 
-TEST(HostKernels, RowConversionsMatchTheScalarOnes) {
-  for (HostIsa isa : isas_here()) {
-    check_row_conversions<float>(isa);
-    check_row_conversions<kpa::half>(isa);
-    check_row_conversions<kpa::bfloat16>(isa);
-  }
+TEST_P(HostLoops, RowConversionsMatchTheScalarOnes) {
+  check_row_conversions<float>(isa());
+  check_row_conversions<kpa::half>(isa());
+  check_row_conversions<kpa::bfloat16>(isa());
 }
 
 // Every fp8 code widens to its value in the vector loads (NaN codes to NaN), in every lane of
 // the 16 that are widened together, for the keys (q.k) and for the values (p.V) alike.
 template <class S>
 void check_fp8_codes(HostIsa isa) {
-  const auto kernels = kpa::detail::host_kernels<1, S>(isa);
   constexpr int kHeadSize = 16, kBlockSize = 16;
+  const auto kernels = kpa::detail::host_loops<1, S>(isa, kHeadSize, kBlockSize);
   kpa::detail::BlockPrefetcher idle;
   for (int code = 0; code < 256; ++code) {
     const float expected = kpa::to_float(S{static_cast<std::uint8_t>(code)});
@@ -370,11 +387,10 @@ void check_fp8_codes(HostIsa isa) {
       std::vector<float> probs(kBlockSize, 0.0f);
       probs[lane] = 1.0f;
       const int block_id = 0;
-      const float weight = 1.0f;
       for (int last : {kBlockSize, lane + 1}) {
         std::vector<float> o(kHeadSize, 0.0f);
         kernels.chunk_values({values.data(), kHeadSize * kBlockSize, &block_id, 1, last, kBlockSize, kHeadSize,
-                              probs.data(), kBlockSize, &weight, o.data()},
+                              probs.data(), kBlockSize, o.data()},
                              idle, 0, kHeadSize);
         for (int d = 0; d < kHeadSize; ++d) {
           if (std::isnan(expected)) {
@@ -391,7 +407,7 @@ void check_fp8_codes(HostIsa isa) {
 // The prefetcher's cursor: take() hands out runs of whole lines, within one block, of the listed
 // blocks' keys and then values in list order, skipping ids < 0, from the line a block starts in
 // to the one it ends in; no more than the allowance, spread by pace().
-TEST(HostKernels, PrefetcherWalksTheListedBlocks) {
+TEST(HostPrefetcher, WalksTheListedBlocks) {
   using kpa::detail::BlockPrefetcher;
   alignas(64) static char cache[2 * 4 * 256 + 64];
   const char* keys = cache + 8;  // blocks of 200 bytes every 256, starting 8 bytes into a line
@@ -440,11 +456,9 @@ TEST(HostKernels, PrefetcherWalksTheListedBlocks) {
   EXPECT_EQ(rest.end - rest.first, 2 * 64) << "up to the block's end";
 }
 
-TEST(HostKernels, Fp8CodesWidenExactly) {
-  for (HostIsa isa : isas_here()) {
-    check_fp8_codes<kpa::fp8_e4m3>(isa);
-    check_fp8_codes<kpa::fp8_e5m2>(isa);
-  }
+TEST_P(HostLoops, Fp8CodesWidenExactly) {
+  check_fp8_codes<kpa::fp8_e4m3>(isa());
+  check_fp8_codes<kpa::fp8_e5m2>(isa());
 }
 
 }  // namespace

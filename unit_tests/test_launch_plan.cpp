@@ -374,19 +374,24 @@ TYPED_TEST(LaunchPlanOnSpace, DetectsTheBackEndAndHonoursTheEnvironment) {
   EXPECT_LE(plan.team_size, limits.max_team_size);
 }
 
-// Every heads-per-pass value the planner may choose dispatches to its kernel, and no other does.
+template <int... Rows>
+std::vector<int> values_of(std::integer_sequence<int, Rows...>) {
+  return {Rows...};
+}
+
+// Every rows-per-pass value the planner may choose dispatches to its kernel, and no other does.
 TEST(LaunchPlan, EveryPlannableRowsPerPassHasAKernel) {
-  for (int heads : kpa::detail::kHostRowsPerPass) {
+  for (int heads : values_of(kpa::HostRowsPerPass{})) {
     int called = 0;
-    kpa::detail::with_rows_per_pass(kpa::detail::HostRowsPerPass{}, heads, [&](auto h) { called = decltype(h)::value; });
+    kpa::detail::with_rows_per_pass(kpa::HostRowsPerPass{}, heads, [&](auto h) { called = decltype(h)::value; });
     EXPECT_EQ(called, heads);
   }
-  for (int heads : kpa::detail::kDeviceRowsPerPass) {
+  for (int heads : values_of(kpa::DeviceRowsPerPass{})) {
     int called = 0;
-    kpa::detail::with_rows_per_pass(kpa::detail::DeviceRowsPerPass{}, heads, [&](auto h) { called = decltype(h)::value; });
+    kpa::detail::with_rows_per_pass(kpa::DeviceRowsPerPass{}, heads, [&](auto h) { called = decltype(h)::value; });
     EXPECT_EQ(called, heads);
   }
-  EXPECT_THROW(kpa::detail::with_rows_per_pass(kpa::detail::DeviceRowsPerPass{}, 6, [](auto) {}), kpa::Error);
+  EXPECT_THROW(kpa::detail::with_rows_per_pass(kpa::DeviceRowsPerPass{}, 6, [](auto) {}), kpa::Error);
 }
 
 }  // namespace

@@ -6,48 +6,20 @@
 // subscription factor) and every team takes an even, contiguous share of the tiles, a tile
 // being one (sequence, kv head, partition).
 
-#include <kpa/detail/host_isa.hpp>
 #include <kpa/detail/kokkos_compat.hpp>
+#include <kpa/host_isa.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <functional>
 #include <iosfwd>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace kpa {
-
-/// Instruction sets of the host kernel path's inner loops, in increasing order of capability.
-enum class HostIsa {
-  Portable,  ///< plain C++ (any CPU)
-  Avx2,      ///< x86-64 AVX2 + FMA + F16C
-  Avx512,    ///< x86-64 AVX-512 F + BW + VL + DQ (and AVX2): q.k and p.V on 16 lanes
-  /// AVX-512 with VBMI as well (Ice Lake, Zen 4 and later): fp8 codes widened through byte
-  /// lookups; other caches run the Avx512 loops.
-  Avx512Vbmi,
-};
-
-std::string_view to_string(HostIsa isa);
-/// "portable", "avx2", "avx512" or "avx512vbmi"; throws kpa::Error for anything else.
-HostIsa parse_host_isa(std::string_view name);
-
-namespace detail {
-/// The best host instruction set the CPU running this process supports (cpuid, read once).
-HostIsa cpu_host_isa();
-/// `best`, or the environment variable KPA_HOST_ISA when set (kpa::Error if it names a better one).
-HostIsa chosen_host_isa(HostIsa best);
-/// The best one kpa's headers compile kernels for in this translation unit (host_isa.hpp).
-#ifdef KPA_IMPL_X86_KERNELS
-static constexpr HostIsa kCompiledHostIsa = HostIsa::Avx512Vbmi;
-#else
-static constexpr HostIsa kCompiledHostIsa = HostIsa::Portable;
-#endif
-/// The best host instruction set this CPU runs that this translation unit has kernels for
-/// (internal linkage, as kCompiledHostIsa differs between translation units).
-static inline HostIsa best_host_isa_here() { return std::min(cpu_host_isa(), kCompiledHostIsa); }
-}  // namespace detail
 
 /// What an execution space can run; the planner never asks for more.
 struct BackEndLimits {
@@ -56,8 +28,8 @@ struct BackEndLimits {
   int max_team_threads = 1024;   ///< team_size x vector_length (GPU: threads per block)
   std::size_t max_scratch_level0_bytes = 40 * 1024;  ///< fast team scratch (GPU shared memory)
   bool host_path = false;   ///< the back end runs KernelPath::Host (host back ends)
-  /// The best instruction set of the host path's inner loops this CPU runs (and this
-  /// translation unit compiled); every lesser one runs too.
+  /// The best instruction set of the host path's inner loops this process runs; every lesser
+  /// one runs too.
   HostIsa best_host_isa = HostIsa::Portable;
   bool device_path = true;  ///< the back end runs KernelPath::Device (device back ends; host back
                             ///< ends where KPA_ENABLE_DEVICE_PATH_ON_HOST is defined)
@@ -158,6 +130,31 @@ struct PlanOptions {
   std::optional<HostIsa> host_isa;  ///< the host path's instruction set (default: the profile's)
 };
 
+/// Rows per pass (query heads of a GQA group x the sequence's query tokens) each kernel path is
+/// compiled for; the planner chooses among these and the launch instantiates exactly these. Host:
+/// 6 for groups of 3, 5, 6 and 12 without padding to 8, 16 for groups of 16 and 4 query tokens of
+/// a group of 4 with one read of K/V. Device: powers of two up to 8 keep its instantiations and
+/// registers few; more rows take several passes.
+using HostRowsPerPass = std::integer_sequence<int, 1, 2, 4, 6, 8, 16>;
+using DeviceRowsPerPass = std::integer_sequence<int, 1, 2, 4, 8>;
+
+/// The team scratch of one tile pass, as the planner lays it out (offsets and counts in 4-byte
+/// words): floats q [H][D] (pre-scaled query rows), o [H][D] (running unnormalised output),
+/// probs [H][chunk_tokens] (the chunk's logits, then probabilities), running [3][H] (the device
+/// path's running max, sum and merge weight per row; each row's output factor when a pass
+/// stores); then ints: the chunk's physical block ids (-1: attended by no row of the pass).
+struct TileScratchLayout {
+  std::size_t q = 0;
+  std::size_t o = 0;
+  std::size_t probs = 0;
+  std::size_t running = 0;
+  std::size_t floats = 0;  ///< all the floats
+  std::size_t ints = 0;    ///< the block ids
+
+  /// Bytes a team requests: both arrays plus room for the scratch allocator's alignment.
+  std::size_t bytes() const { return (floats + ints) * 4 + 2 * 128; }
+};
+
 struct LaunchPlan {
   std::string profile;                   ///< name of the DeviceProfile planned for
   KernelPath kernel_path = KernelPath::Host;
@@ -171,7 +168,8 @@ struct LaunchPlan {
   int vector_length = 0;
   int rows_per_pass = 0;                 ///< query rows (heads x query tokens) per pass over a tile's K/V
   int chunk_tokens = 0;                  ///< tokens whose logits sit in team scratch at once
-  std::size_t scratch_bytes = 0;         ///< team scratch of the attention kernel
+  TileScratchLayout scratch_layout;      ///< team scratch of the attention kernel
+  std::size_t scratch_bytes = 0;         ///< scratch_layout.bytes()
   int scratch_level = 0;                 ///< 0 (fast, e.g. GPU shared memory) or 1
   int reduce_league_size = 0;            ///< teams of the partition reduce (not launched when single_partition)
   std::size_t reduce_scratch_bytes = 0;  ///< team scratch of the reduce (a float per partition)
@@ -181,11 +179,19 @@ struct LaunchPlan {
   bool single_partition = false;
 };
 
-/// Plans a call. Throws kpa::Error for a shape no kernel can run (non-positive sizes,
-/// a partition size that is not a multiple of the block size, ...) and for overrides beyond the
-/// profile's limits.
-LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape,
-                       const PlanOptions& options = {});
+/// Resident teams per SM of the kernel a plan would launch (a GPU's occupancy calculator), asked
+/// once the plan's team shape and scratch are chosen; 0: unknown.
+using OccupancyQuery = std::function<int(const LaunchPlan&)>;
+
+/// Throws kpa::Error for a shape no kernel can run (non-positive sizes, a partition size that is
+/// not a multiple of the block size, ...) and for overrides beyond the profile's limits.
+void check_plan_inputs(const DeviceProfile& profile, const ProblemShape& shape, const PlanOptions& options = {});
+
+/// Plans a call (check_plan_inputs first). With `occupancy` and a profile whose occupancy comes
+/// from the kernel (DeviceProfile::occupancy_from_kernel), the league is sized with the
+/// occupancy it reports for the chosen team shape.
+LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, const PlanOptions& options = {},
+                       const OccupancyQuery& occupancy = {});
 
 std::ostream& operator<<(std::ostream& os, const LaunchPlan& plan);
 std::string to_string(const LaunchPlan& plan);
@@ -202,7 +208,7 @@ BackEndLimits BackEndLimits::of(const Space& space) {
     limits.max_team_size = static_cast<int>(space.concurrency());
     limits.max_team_threads = limits.max_team_size * limits.max_vector_length;
     limits.host_path = true;
-    limits.best_host_isa = detail::best_host_isa_here();
+    limits.best_host_isa = detail::best_host_isa();
 #ifdef KPA_ENABLE_DEVICE_PATH_ON_HOST
     limits.device_path = true;
 #else

@@ -22,7 +22,7 @@ namespace kpa {
 
 /// Plans a call of shape `shape` on `space` as the entry points do: DeviceProfile::detect(space)
 /// (or KPA_DEVICE_PROFILE) and the back end's limits. (On a detected GPU the entry points also
-/// feed the planner the measured occupancy of the kernel they launch.)
+/// give the planner the measured occupancy of the kernel they launch.)
 template <class Space>
 LaunchPlan plan_launch(const Space& space, const ProblemShape& shape, const PlanOptions& options = {}) {
   return plan_launch(DeviceProfile::detect(space), shape, options);
@@ -121,10 +121,10 @@ namespace detail {
 /// The kernels' arguments for an entry point's views (v2's partition triple left empty).
 template <class Space, class TmpT, class OutView, class QueryView, class KeyCacheView, class ValueCacheView,
           class BlockTableView, class SeqLenView, class AlibiView>
-auto attention_args(const OutView& out, const QueryView& query, const KeyCacheView& key_cache,
+auto attention_views(const OutView& out, const QueryView& query, const KeyCacheView& key_cache,
                     const ValueCacheView& value_cache, const BlockTableView& block_tables, const SeqLenView& seq_lens,
                     const AlibiView& alibi_slopes) {
-  AttentionArgs<Space, typename QueryView::non_const_value_type, TmpT> args;
+  AttentionViews<Space, typename QueryView::non_const_value_type, TmpT> args;
   args.out = out;
   args.query = query;
   args.key_cache = key_cache.data();
@@ -183,7 +183,7 @@ void check_extras(const char* call, const Space&, const AttentionExtras<Space>& 
 
 /// With params.check_indices: every index the kernels will follow, checked by a kernel on `space`.
 template <class Space, class T, class TmpT>
-void check_indices(const char* call, const Space& space, const AttentionArgs<Space, T, TmpT>& args,
+void check_indices(const char* call, const Space& space, const AttentionViews<Space, T, TmpT>& args,
                    const ProblemShape& shape, int num_blocks, const AttentionParams& params) {
   if (params.check_indices) check_sequence_indices(call, space, args.block_tables, args.seq_lens, shape, num_blocks);
 }
@@ -206,7 +206,7 @@ void paged_attention_v1(const Space& space, const OutView& out, const QueryView&
   const ProblemShape shape = detail::check_attention_args(call, out, query, key_cache, value_cache, block_tables,
                                                           seq_lens, max_seq_len, alibi_slopes, params);
   // v1 shares its kernel with the automatic entry point's single-partition launches.
-  const auto args = detail::attention_args<Space, T>(out, query, key_cache, value_cache, block_tables, seq_lens,
+  const auto args = detail::attention_views<Space, T>(out, query, key_cache, value_cache, block_tables, seq_lens,
                                                      alibi_slopes);
   detail::check_indices(call, space, args, shape, static_cast<int>(key_cache.extent(0)), params);
   PlanOptions single = options;
@@ -239,7 +239,7 @@ void paged_attention_v2(const Space& space, const OutView& out, const PartialVie
                 "tmp_out is [num_seqs, num_heads, max_num_partitions, head_size] of the query type or float");
   const ProblemShape shape = detail::check_attention_args(call, out, query, key_cache, value_cache, block_tables,
                                                           seq_lens, max_seq_len, alibi_slopes, params);
-  auto args = detail::attention_args<Space, TmpT>(out, query, key_cache, value_cache, block_tables, seq_lens,
+  auto args = detail::attention_views<Space, TmpT>(out, query, key_cache, value_cache, block_tables, seq_lens,
                                                   alibi_slopes);
   detail::check_indices(call, space, args, shape, static_cast<int>(key_cache.extent(0)), params);
   detail::check_partition_args(call, shape, partition_size, exp_sums, max_logits, tmp_out);
@@ -276,7 +276,7 @@ void paged_attention(const Space& space, Workspace<Space>& workspace, const OutV
   ProblemShape shape = detail::check_attention_args(call, out, query, key_cache, value_cache, block_tables, seq_lens,
                                                     max_seq_len, alibi_slopes, params, several_query_tokens);
   detail::check_extras(call, space, extras, shape);
-  auto args = detail::attention_args<Space, T>(out, query, key_cache, value_cache, block_tables, seq_lens,
+  auto args = detail::attention_views<Space, T>(out, query, key_cache, value_cache, block_tables, seq_lens,
                                                alibi_slopes);
   args.query_start_loc = extras.query_start_loc;
   args.sinks = extras.sinks;

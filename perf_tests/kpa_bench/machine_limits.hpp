@@ -12,10 +12,14 @@
 // Besides these, each workload measures the paged read on hosts (Bench::paged_read_bytes_per_s
 // in main.cpp): the same blocks in the same order, read by a plain loop (read_words).
 
-#include <kpa/detail/host_isa.hpp>
 #include <kpa/detail/kokkos_compat.hpp>
 
-#ifdef KPA_IMPL_X86_KERNELS
+// The x86 probes are written with intrinsics and target attributes, whatever the flags.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(__HIPCC__)
+#define KPA_BENCH_X86_PROBES 1
+#endif
+
+#ifdef KPA_BENCH_X86_PROBES
 #include <immintrin.h>
 #endif
 
@@ -50,7 +54,7 @@ double best_seconds(int runs, const Space& space, const std::function<void()>& b
   return best;
 }
 
-#ifdef KPA_IMPL_X86_KERNELS
+#ifdef KPA_BENCH_X86_PROBES
 // Hand-vectorised probes for x86 hosts, with target attributes (whatever kpa-bench's flags): the
 // limits are those of the widest vector instructions the CPU has, which is what a plain
 // intrinsics loop would measure.
@@ -135,7 +139,7 @@ inline int probe_width() {
 /// How the probes ran: "avx512", "avx2" (hand-vectorised) or "kokkos" (plain Kokkos loops).
 template <class Space>
 std::string probe_kind() {
-#ifdef KPA_IMPL_X86_KERNELS
+#ifdef KPA_BENCH_X86_PROBES
   if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
     const int width = x86::probe_width();
     if (width > 0) return width == 16 ? "avx512" : "avx2";
@@ -160,7 +164,7 @@ MachineLimits measure_machine_limits(const Space& space) {
   float total = 0.0f;
   constexpr bool host = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible;
   [[maybe_unused]] int width = 0;  // read only where the x86 probes are compiled
-#ifdef KPA_IMPL_X86_KERNELS
+#ifdef KPA_BENCH_X86_PROBES
   if constexpr (host) width = x86::probe_width();
 #endif
   const double read_seconds = best_seconds(5, space, [&] {
@@ -170,7 +174,7 @@ MachineLimits measure_machine_limits(const Space& space) {
           Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(space, 0, streams),
           KOKKOS_LAMBDA(std::int64_t c, float& sum) {
             const float* p = buffer.data() + c * chunk;
-#ifdef KPA_IMPL_X86_KERNELS
+#ifdef KPA_BENCH_X86_PROBES
             if (width == 16) {
               sum += x86::read_sum_avx512(p, chunk);
               return;
@@ -203,14 +207,14 @@ MachineLimits measure_machine_limits(const Space& space) {
   const std::int64_t items = std::int64_t{space.concurrency()} * (host ? 256 : 4);
   Kokkos::View<float*, typename Space::memory_space> sink("kpa_bench::fma_sink", items);
   double flop_per_item = 2.0 * chains * steps;
-#ifdef KPA_IMPL_X86_KERNELS
+#ifdef KPA_BENCH_X86_PROBES
   if (width > 0) flop_per_item = 2.0 * x86::kChains * width * (steps / 4);
 #endif
   const double fma_seconds = best_seconds(5, space, [&] {
     Kokkos::parallel_for(
         "kpa_bench::fma_throughput", Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(space, 0, items),
         KOKKOS_LAMBDA(std::int64_t item) {
-#ifdef KPA_IMPL_X86_KERNELS
+#ifdef KPA_BENCH_X86_PROBES
           if (width > 0) {
             const float seed = static_cast<float>(item) * 1e-3f;
             sink(item) = width == 16 ? x86::fma_chains_avx512(seed, steps / 4) : x86::fma_chains_avx2(seed, steps / 4);
@@ -234,7 +238,7 @@ MachineLimits measure_machine_limits(const Space& space) {
 /// The 32-bit words of `bytes` bytes summed: with AVX2 when `avx2` (x86::probe_width() >= 8) and
 /// bytes is a multiple of 256, else by a plain loop (which compilers vectorise).
 inline std::uint32_t read_words(const char* p, std::int64_t bytes, bool avx2) {
-#ifdef KPA_IMPL_X86_KERNELS
+#ifdef KPA_BENCH_X86_PROBES
   if (avx2 && bytes % 256 == 0) return x86::read_words_avx2(p, bytes);
 #else
   (void)avx2;

@@ -7,7 +7,7 @@
 //      q.k for every row of the pass (the queries sit in scratch and are read by all lanes at
 //      once), with no cross-lane sums. Its logits fold into a SoftmaxStates<H> through one team
 //      parallel_reduce with SoftmaxReducer: the chunk's softmax state for all rows at once (the
-//      variant's cap, ALiBi and the row masks applied per logit);
+//      variant's logit transform and mask applied per logit);
 //   2. the chunk state merges into the running state (in scratch); each logit becomes its
 //      probability against the running max;
 //   3. p.V: one worker per head dimension, reading that dimension's row of each block with
@@ -17,8 +17,8 @@
 // scratch, each element owned by one worker. The same code runs on host back ends (team members
 // and lanes then loop), which is how the test suite covers it without a GPU.
 
+#include <kpa/detail/kernel_params.hpp>
 #include <kpa/detail/softmax_state.hpp>
-#include <kpa/detail/tile.hpp>
 #include <kpa/numeric_types.hpp>
 
 #include <cstddef>
@@ -61,7 +61,11 @@ KOKKOS_INLINE_FUNCTION void slot_dot(const CacheT* key, int stride, int vectors,
   for (int g = 0; g < H; ++g) logits[g] = acc[g];
 }
 
+template <int H, class CacheT>
 struct DevicePath {
+  static constexpr int rows = H;
+  using cache_type = CacheT;
+
   /// Calls f(r, d, d + 1) for every dimension d in [0, D) of rows [0, rows): the team's workers
   /// and lanes take single elements, so all of them have work even for a few rows.
   template <class Member, class F>
@@ -71,26 +75,24 @@ struct DevicePath {
 
   /// load_scaled / store_scaled (numeric_types.hpp), one element per call here.
   template <class T>
-  KOKKOS_INLINE_FUNCTION static void load_span(HostIsa, const T* src, std::size_t stride, float scale, float* dst,
-                                               int n) {
+  KOKKOS_INLINE_FUNCTION void load_span(const T* src, std::size_t stride, float scale, float* dst, int n) const {
     load_scaled(src, stride, scale, dst, n);
   }
   template <class T>
-  KOKKOS_INLINE_FUNCTION static void store_span(HostIsa, const float* src, float factor, T* dst, std::size_t stride,
-                                                int n) {
+  KOKKOS_INLINE_FUNCTION void store_span(const float* src, float factor, T* dst, std::size_t stride, int n) const {
     store_scaled(src, factor, dst, stride, n);
   }
 
   /// Value elements per load: 16 bytes, at most 8 slots (so a block of 8 works for every type).
-  template <class CacheT>
   static constexpr int kValueWidth = static_cast<int>(16 / sizeof(CacheT)) < 8 ? static_cast<int>(16 / sizeof(CacheT)) : 8;
 
-  template <int H, class Kernel>
-  KOKKOS_INLINE_FUNCTION static void attend(const Kernel& k, const typename Kernel::member_type& member,
-                                            const TileScratch& s, const Pass& pass, SoftmaxStates<H>& running) {
-    using Space = typename Kernel::execution_space;
-    const int B = k.geo.block_size, CT = k.geo.chunk_tokens;
-    // The running state lives in scratch (running max, sum, merge weight per head), written by
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void attend(const Member& member, const PassContext<H, CacheT>& c,
+                                     SoftmaxStates<H>& running) const {
+    using Space = typename Member::execution_space;
+    const TileScratch& s = c.scratch;
+    const int B = c.block_size, CT = c.chunk_tokens;
+    // The running state lives in scratch (running max, sum, merge weight per row), written by
     // one worker: registers stay free for the inner loops, and no lambda captures a register array.
     float* running_max = s.running;
     float* running_sum = s.running + H;
@@ -102,14 +104,14 @@ struct DevicePath {
       }
     });
     member.team_barrier();  // a pass whose rows attend nothing here has no chunk (and no barrier) below
-    for (int chunk_begin = pass.begin; chunk_begin < pass.end; chunk_begin += CT) {
-      const int tokens = (pass.end - chunk_begin < CT) ? pass.end - chunk_begin : CT;
+    for (int chunk_begin = c.begin; chunk_begin < c.end; chunk_begin += CT) {
+      const int tokens = (c.end - chunk_begin < CT) ? c.end - chunk_begin : CT;
       const int blocks = (tokens + B - 1) / B;
-      // 1. Logits of the chunk, and its softmax state for every head.
+      // 1. Logits of the chunk, and its softmax state for every row.
       SoftmaxStates<H> chunk;
       Kokkos::parallel_reduce(
           Kokkos::TeamVectorRange(member, tokens),
-          [&](int i, SoftmaxStates<H>& state) { token_logits<H>(k, s, pass, chunk_begin, i, state); },
+          [&](int i, SoftmaxStates<H>& state) { token_logits(c, chunk_begin, i, state); },
           SoftmaxReducer<Space, SoftmaxStates<H>>(chunk));
       member.team_barrier();  // logits and block ids of every worker are in scratch
       // 2. The running state absorbs the chunk's; probabilities against the new max (0 for masked
@@ -132,63 +134,54 @@ struct DevicePath {
       member.team_barrier();
       // 3. o = o * merge_weight + p.V, one worker per dimension.
       const int last_block_slots = tokens - (blocks - 1) * B;
-      Kokkos::parallel_for(Kokkos::TeamVectorRange(member, k.geo.head_size),
-                           [&](int d) { value_row<H>(k, s, pass, d, blocks, last_block_slots, merge_weight); });
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(member, c.head_size),
+                           [&](int d) { value_row(c, d, blocks, last_block_slots, merge_weight); });
       member.team_barrier();  // the next chunk overwrites probs, block ids and weights
     }
     for (int g = 0; g < H; ++g) running.head[g] = SoftmaxState{running_max[g], running_sum[g]};
   }
 
-  /// Logit of chunk token i for every head of the pass, into scratch and into `state`.
-  template <int H, class Kernel>
-  KOKKOS_INLINE_FUNCTION static void token_logits(const Kernel& k, const TileScratch& s, const Pass& pass,
-                                                  int chunk_begin, int i, SoftmaxStates<H>& state) {
-    using CacheT = typename Kernel::cache_type;
+  /// Logit of chunk token i for every row of the pass, into scratch and into `state`.
+  KOKKOS_INLINE_FUNCTION static void token_logits(const PassContext<H, CacheT>& c, int chunk_begin, int i,
+                                                  SoftmaxStates<H>& state) {
     constexpr int X = static_cast<int>(16 / sizeof(CacheT));
-    const int B = k.geo.block_size, CT = k.geo.chunk_tokens;
+    const TileScratch& s = c.scratch;
+    const int B = c.block_size, CT = c.chunk_tokens;
     const int slot = i % B;  // chunks start on block boundaries
-    const int block_token = chunk_begin + i - slot;
+    const int block_key = chunk_begin + i - slot;
     bool attends[H];
-    const bool any_attends = k.template block_mask<H>(pass, block_token, attends);
-    const int block_id = k.args.block_tables(pass.seq, block_token / B);
+    const bool any_attends = c.block_attended(block_key, attends);
+    const int block_id = c.block_of(block_key);
     if (slot == 0) s.block_ids[i / B] = any_attends ? block_id : -1;
     float logits[H];
     for (int g = 0; g < H; ++g) logits[g] = 0.0f;
-    if (any_attends) {  // a block no head attends is not read at all
+    if (any_attends) {  // a block no row attends is not read at all
       // key_cache[block][head][:][slot][:]
-      slot_dot<H, X>(k.key_head(pass) + block_id * k.geo.cache_block_stride + slot * X, B * X, k.geo.head_size / X,
-                     s.q, k.geo.head_size, logits);
+      slot_dot<H, X>(c.key_head + block_id * c.block_stride + slot * X, B * X, c.head_size / X, s.q, c.head_size,
+                     logits);
     }
     const int key = chunk_begin + i;
-    const bool alibi = k.args.alibi_slopes.extent(0) > 0;
     for (int g = 0; g < H; ++g) {
-      // The variant's cap, then ALiBi, then the masks (block-sparse, the row's causal window).
-      const int position = k.row_position(pass, g < pass.rows ? g : pass.rows - 1);
-      logits[g] = k.geo.variant.transform(logits[g]);
-      if (alibi && g < pass.rows) {
-        logits[g] += k.args.alibi_slopes(k.row_head(pass, g)) * static_cast<float>(key - position);
-      }
-      const bool attended = any_attends && attends[g] && (!k.masks_rows() || k.in_row_range(key, position));
-      const float logit = attended ? logits[g] : -compat::infinity();
+      const bool attended = attends[g] && c.variant.in_window(c.row[g], key);
+      const float logit = attended ? c.variant.logit(logits[g], c.row[g], key) : -compat::infinity();
       s.probs[g * CT + i] = logit;
       state.head[g].add(logit);
     }
   }
 
   /// o[g][d] = o[g][d] * merge_weight[g] + sum over the chunk of p_g * V[d] for one dimension d.
-  template <int H, class Kernel>
-  KOKKOS_INLINE_FUNCTION static void value_row(const Kernel& k, const TileScratch& s, const Pass& pass, int d,
-                                               int blocks, int last_block_slots, const float* merge_weight) {
-    using CacheT = typename Kernel::cache_type;
-    constexpr int W = kValueWidth<CacheT>;
-    const int B = k.geo.block_size, CT = k.geo.chunk_tokens, D = k.geo.head_size;
-    const CacheT* row = k.value_head(pass) + d * B;  // value_cache[0][head][d][:]
+  KOKKOS_INLINE_FUNCTION static void value_row(const PassContext<H, CacheT>& c, int d, int blocks,
+                                               int last_block_slots, const float* merge_weight) {
+    constexpr int W = kValueWidth;
+    const TileScratch& s = c.scratch;
+    const int B = c.block_size, CT = c.chunk_tokens, D = c.head_size;
+    const CacheT* row = c.value_head + d * B;  // value_cache[0][head][d][:]
     float sums[H];
     for (int g = 0; g < H; ++g) sums[g] = 0.0f;
     for (int lb = 0; lb < blocks; ++lb) {
       const int block_id = s.block_ids[lb];
-      if (block_id < 0) continue;  // attended by no head of the pass: never read
-      const CacheT* v = row + block_id * k.geo.cache_block_stride;
+      if (block_id < 0) continue;  // attended by no row of the pass: never read
+      const CacheT* v = row + block_id * c.block_stride;
       const float* p = s.probs + lb * B;
       const int slots = lb + 1 == blocks ? last_block_slots : B;
       if (B % W == 0) {

@@ -1,8 +1,9 @@
 #pragma once
-// From a LaunchPlan to kernel launches: the plan's compile-time choices (kernel path, heads per
-// pass, cache storage type) become one PartitionKernel type, whose team policy comes straight
-// from the plan. On a detected GPU the planner's occupancy input is measured here, for the very
-// kernel that will run.
+// From a LaunchPlan to kernel launches: the plan's compile-time choices (kernel path, rows per
+// pass, cache storage type) become one PartitionKernel type, whose team policy, scratch and
+// parameters come straight from the plan; the call's arguments become its views, parameters and
+// variant. On a detected GPU the planner asks here for the occupancy of the very kernel that
+// will run.
 
 #include <kpa/attention_params.hpp>
 #include <kpa/detail/attention_kernels.hpp>
@@ -15,7 +16,7 @@
 
 namespace kpa::detail {
 
-/// Calls f(std::integral_constant<int, r>{}) for rows == r, one of the values of `Sequence`
+/// Calls f(std::integral_constant<int, r>{}) for rows == r, one of the values of the sequence
 /// (HostRowsPerPass or DeviceRowsPerPass).
 template <int... Values, class F>
 void with_rows_per_pass(std::integer_sequence<int, Values...>, int rows, F&& f) {
@@ -34,7 +35,7 @@ void with_partition_kernel(const char* call, const LaunchPlan& plan, KVCacheDTyp
     if (plan.kernel_path == KernelPath::Host) {
       if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
         with_rows_per_pass(HostRowsPerPass{}, plan.rows_per_pass, [&](auto rows) {
-          f(TypeTag<PartitionKernel<Space, HostPath, decltype(rows)::value, StorageT, T, TmpT>>{});
+          f(TypeTag<PartitionKernel<Space, HostPath<decltype(rows)::value, StorageT>, T, TmpT>>{});
         });
       } else {
         fail(call, "the host kernel path does not run on ", Space::name());
@@ -48,7 +49,7 @@ void with_partition_kernel(const char* call, const LaunchPlan& plan, KVCacheDTyp
 #endif
       {
         with_rows_per_pass(DeviceRowsPerPass{}, plan.rows_per_pass, [&](auto rows) {
-          f(TypeTag<PartitionKernel<Space, DevicePath, decltype(rows)::value, StorageT, T, TmpT>>{});
+          f(TypeTag<PartitionKernel<Space, DevicePath<decltype(rows)::value, StorageT>, T, TmpT>>{});
         });
       }
     }
@@ -74,78 +75,103 @@ Policy team_policy_for(const char* call, const typename Policy::execution_space&
 }
 
 /// The plan for an attention call on `space`: DeviceProfile::detect(space) (or
-/// KPA_DEVICE_PROFILE), then, on a detected GPU, planned again with the measured occupancy of
-/// the kernel the first plan chose (the team shape does not depend on occupancy, so it stays).
+/// KPA_DEVICE_PROFILE); on a detected GPU the planner sizes the league with the measured
+/// occupancy of the kernel its team shape selects.
 template <class Space, class CacheT, class T, class TmpT>
 LaunchPlan plan_attention(const char* call, const Space& space, const ProblemShape& shape, const PlanOptions& options,
                           KVCacheDType kv_cache_dtype) {
-  DeviceProfile profile = DeviceProfile::detect(space);
-  LaunchPlan plan = plan_launch(profile, shape, options);
-  if (profile.occupancy_from_kernel && plan.tiles > 0) {
-    int occupancy = 0;
+  const OccupancyQuery occupancy = [&](const LaunchPlan& plan) {
+    int resident = 0;
     with_partition_kernel<Space, CacheT, T, TmpT>(call, plan, kv_cache_dtype, [&](auto kernel) {
       using Kernel = typename decltype(kernel)::type;
       using Policy = typename Kernel::policy_type;
       const Policy policy(space, 1, plan.team_size, plan.vector_length);
-      occupancy = compat::resident_teams_per_sm<Kernel>(space, policy, plan.scratch_level == 0 ? plan.scratch_bytes : 0);
+      resident = compat::resident_teams_per_sm<Kernel>(space, policy, plan.scratch_level == 0 ? plan.scratch_bytes : 0);
     });
-    if (occupancy > 0 && occupancy != profile.sm_occupancy) {
-      profile.sm_occupancy = occupancy;
-      plan = plan_launch(profile, shape, options);
-    }
-  }
-  return plan;
+    return resident;
+  };
+  return plan_launch(DeviceProfile::detect(space), shape, options, occupancy);
 }
 
-/// Everything a kernel of `plan` needs besides its views.
+/// The sizes and scalars of a kernel of `plan`.
 template <class Space, class T, class TmpT>
-TileGeometry tile_geometry(const LaunchPlan& plan, Output output, const ProblemShape& shape,
-                           const AttentionArgs<Space, T, TmpT>& args, const AttentionParams& params) {
+KernelParams kernel_params(const LaunchPlan& plan, Output output, const ProblemShape& shape,
+                           const AttentionViews<Space, T, TmpT>& views, const AttentionParams& params) {
   const bool fp8 = params.kv_cache_dtype != KVCacheDType::Auto;
-  TileGeometry geo;
-  geo.output = output;
-  geo.num_kv_heads = shape.num_kv_heads;
-  geo.group_size = shape.num_heads / shape.num_kv_heads;
-  geo.several_query_tokens = args.query_start_loc.extent(0) > 0;
-  geo.head_size = shape.head_size;
-  geo.block_size = shape.block_size;
-  geo.partition_size = plan.partition_size;
-  geo.num_partitions = plan.num_partitions;
-  geo.tiles = plan.tiles;
-  geo.league_size = plan.league_size;
-  geo.chunk_tokens = plan.chunk_tokens;
-  geo.host_isa = plan.host_isa;
+  KernelParams k;
+  k.output = output;
+  k.num_kv_heads = shape.num_kv_heads;
+  k.group_size = shape.num_heads / shape.num_kv_heads;
+  k.several_query_tokens = views.query_start_loc.extent(0) > 0;
+  k.head_size = shape.head_size;
+  k.block_size = shape.block_size;
+  k.partition_size = plan.partition_size;
+  k.num_partitions = plan.num_partitions;
+  k.tiles = plan.tiles;
+  k.league_size = plan.league_size;
+  k.chunk_tokens = plan.chunk_tokens;
   // Keys are dequantised through the query (q . (k s) = (q s) . k), values through the output.
-  geo.scale = params.scale * (fp8 ? params.k_scale : 1.0f);
-  geo.value_scale = fp8 ? params.v_scale : 1.0f;
+  k.scale = params.scale * (fp8 ? params.k_scale : 1.0f);
+  k.value_scale = fp8 ? params.v_scale : 1.0f;
+  k.cache_head_stride = static_cast<std::int64_t>(shape.head_size) * shape.block_size;
+  k.cache_block_stride = k.cache_head_stride * shape.num_kv_heads;
+  k.scratch = plan.scratch_layout;
+  k.scratch_level = plan.scratch_level;
+  return k;
+}
+
+template <class View>
+StridedFloats strided_floats(const View& view) {
+  return view.extent(0) > 0 ? StridedFloats{view.data(), static_cast<std::int64_t>(view.stride(0))} : StridedFloats{};
+}
+
+/// The call's logit rules.
+template <class Space, class T, class TmpT>
+AttentionVariant attention_variant(const ProblemShape& shape, const AttentionViews<Space, T, TmpT>& views,
+                                   const AttentionParams& params) {
+  AttentionVariant v;
+  v.logits_soft_cap = params.logits_soft_cap;
+  v.sliding_window = params.sliding_window;
+  v.masks_rows = views.query_start_loc.extent(0) > 0 || params.sliding_window > 0;
   if (params.block_sparse.vert_stride > 1) {
-    geo.sparse.vert_stride = params.block_sparse.vert_stride;
-    geo.sparse.local_blocks = params.block_sparse.local_blocks;
-    geo.sparse.block_size = params.block_sparse.block_size;
-    geo.sparse.head_sliding_step = params.block_sparse.head_sliding_step;
-    geo.sparse.tp_rank = params.tp_rank;
-    geo.sparse.num_heads = shape.num_heads;
+    v.sparse.vert_stride = params.block_sparse.vert_stride;
+    v.sparse.local_blocks = params.block_sparse.local_blocks;
+    v.sparse.block_size = params.block_sparse.block_size;
+    v.sparse.head_sliding_step = params.block_sparse.head_sliding_step;
+    v.sparse.tp_rank = params.tp_rank;
+    v.sparse.num_heads = shape.num_heads;
+    v.sparse.num_kv_heads = shape.num_kv_heads;
+    v.sparse.group_size = shape.num_heads / shape.num_kv_heads;
   }
-  geo.variant.logits_soft_cap = params.logits_soft_cap;
-  geo.variant.sliding_window = params.sliding_window;
-  geo.variant.sinks = args.sinks.extent(0) > 0;
-  geo.cache_head_stride = static_cast<std::int64_t>(shape.head_size) * shape.block_size;
-  geo.cache_block_stride = geo.cache_head_stride * shape.num_kv_heads;
-  return geo;
+  v.alibi_slopes = strided_floats(views.alibi_slopes);
+  v.sinks = strided_floats(views.sinks);
+  return v;
+}
+
+/// The kernel path object of a plan: the host path's loops are chosen here, once per call.
+template <class Path>
+Path kernel_path(const LaunchPlan& plan, const ProblemShape& shape) {
+  if constexpr (std::is_constructible_v<Path, HostIsa, int, int>) {
+    return Path(plan.host_isa, shape.head_size, shape.block_size);
+  } else {
+    return Path{};
+  }
 }
 
 /// Launches the attention kernel of `plan`, writing `output` (the final output, or the v2
-/// partition triple of `args`). CacheT is the caches' element type (std::uint8_t for fp8).
+/// partition triple of `views`). CacheT is the caches' element type (std::uint8_t for fp8).
 template <class CacheT, class Space, class T, class TmpT>
 void launch_partition_kernel(const char* label, const Space& space, const LaunchPlan& plan, Output output,
-                             const ProblemShape& shape, const AttentionArgs<Space, T, TmpT>& args,
+                             const ProblemShape& shape, const AttentionViews<Space, T, TmpT>& views,
                              const AttentionParams& params) {
   if (plan.tiles == 0) return;
-  if (plan.kernel_path == KernelPath::Device) check_aligned_caches(label, args.key_cache, args.value_cache);
-  const TileGeometry geo = tile_geometry(plan, output, shape, args, params);
+  if (plan.kernel_path == KernelPath::Device) check_aligned_caches(label, views.key_cache, views.value_cache);
+  const KernelParams k = kernel_params(plan, output, shape, views, params);
+  const AttentionVariant variant = attention_variant(shape, views, params);
   with_partition_kernel<Space, CacheT, T, TmpT>(label, plan, params.kv_cache_dtype, [&](auto tag) {
     using Kernel = typename decltype(tag)::type;
-    const Kernel kernel(args, geo, plan.scratch_level);
+    using Path = std::remove_cv_t<decltype(Kernel::path)>;
+    const Kernel kernel(views, k, variant, kernel_path<Path>(plan, shape));
     const auto policy = team_policy_for<typename Kernel::policy_type>(label, space, plan, plan.league_size,
                                                                       plan.scratch_bytes, plan.scratch_level, kernel);
     Kokkos::parallel_for(label, policy, kernel);
@@ -156,12 +182,13 @@ void launch_partition_kernel(const char* label, const Space& space, const Launch
 /// into out (and lse when asked for).
 template <class Space, class T, class TmpT>
 void launch_partition_reduce(const char* label, const Space& space, const LaunchPlan& plan, const ProblemShape& shape,
-                             const AttentionArgs<Space, T, TmpT>& args, const AttentionParams& params) {
+                             const AttentionViews<Space, T, TmpT>& views, const AttentionParams& params) {
   using Kernel = PartitionReduceKernel<Space, T, TmpT>;
-  const int rows = static_cast<int>(args.out.extent(0));
+  const int rows = static_cast<int>(views.out.extent(0));
   if (rows == 0 || shape.num_heads == 0) return;
-  const Kernel kernel(args, tile_geometry(plan, Output::Final, shape, args, params), shape.num_heads, shape.num_seqs,
-                      rows, plan.reduce_league_size, plan.reduce_scratch_level);
+  const Kernel kernel(views, kernel_params(plan, Output::Final, shape, views, params),
+                      attention_variant(shape, views, params), shape.num_heads, shape.num_seqs, rows,
+                      plan.reduce_league_size, plan.reduce_scratch_level);
   const auto policy = team_policy_for<typename Kernel::policy_type>(label, space, plan, plan.reduce_league_size,
                                                                     plan.reduce_scratch_bytes,
                                                                     plan.reduce_scratch_level, kernel);

@@ -1,32 +1,25 @@
 #pragma once
-// AVX-512 (F, BW, VL, DQ) versions of the two inner loops that carry the host path's arithmetic,
-// q.k (block_logits) and p.V (chunk_values), for 16- and 8-bit caches; host_kernels.hpp pairs
-// them with the AVX2 softmax and row conversions, which cost a few percent of a step, and keeps
-// the AVX2 set for f32 caches. Target attributes as in host_kernels_x86.hpp, whose AVX2 helpers
-// (conversions, lane reductions, one-slot tiles) these functions inline.
+// The AVX-512 (F, BW, VL, DQ) host loops that carry the arithmetic, q.k (block_logits) and p.V
+// (chunk_values), for 16- and 8-bit caches, on the x86 mapping layer (x86_simd.hpp) plus the
+// 16-lane mappings below; host_loops.cpp pairs them with the AVX2 row loops and keeps the AVX2
+// set for f32 caches and for block sizes other than 16 and 32.
 //
 // Register tiles (32 zmm registers), each register 16 cache elements widened to float:
 //   q.k    a key register holds 16 consecutive elements of one key-vector row of the block: two
 //          slots x 8 dimensions for 16-bit caches (the query's 8 dimensions broadcast to both
-//          halves), one slot x 16 dimensions for fp8; accumulators per (head, key register) over
-//          the head size, for HG heads x KR key registers;
-//   p.V    a value register holds 16 slots of one output row (block sizes 16 and 32, vLLM's
-//          usual ones; others run the AVX2 tiles); accumulators per (head, row) over the chunk,
-//          reduced once at its end.
+//          halves), one slot x 16 dimensions for fp8; accumulators per (row, key register) over
+//          the head size, for HG rows x KR key registers;
+//   p.V    a value register holds 16 slots of one dimension's row; accumulators per (row,
+//          dimension) over the chunk, reduced once at its end.
 // A tile's accumulators are reduced by a transposing tree, 8 registers into one register of
 // sums in order (reduce_halves, reduce_all), which the tile adds to its logits or output rows
-// a head at a time in whole vectors.
-// A tile takes all heads of a GQA group of up to 8 (kHeadTile), so each cache element is widened
-// once per pass: widening a register takes the FMA ports for two instructions (fp8: about five),
-// and with the AVX2 tiles' groups of at most 4 a group of 6 or 8 widened each element twice. fp8
-// codes widen 64 at a time (fp8_as_half64) where four registers' codes are adjacent, else 32
-// (fp8_as_half32) where two are; on CPUs with AVX-512 VBMI (HostIsa::Avx512Vbmi) the 64 at a
-// time go through byte lookups straight to floats instead (fp8_as_float64, the `Lookup`
-// instantiations).
+// a row at a time in whole vectors.
+// A tile takes all rows of a GQA group of up to 8 (kHeadTile), so each cache element is widened
+// once per pass. The tiles are written once over a widening mapping: Avx512 widens fp8 codes
+// through binary16 (64 at a time where four registers' codes are adjacent, else 32); Avx512Vbmi
+// (HostIsa::Avx512Vbmi) widens groups of 64 through byte lookups straight to floats.
 
-#include <kpa/detail/host_kernels_x86.hpp>
-
-#ifdef KPA_IMPL_X86_KERNELS
+#include "x86_simd.hpp"
 
 // GCC 12's AVX-512 intrinsics start their results from `__m512 __Y = __Y;`, which
 // -Wmaybe-uninitialized reports wherever they are inlined (GCC bug 105593, fixed in GCC 13).
@@ -42,12 +35,14 @@
 
 namespace kpa::detail::avx512 {
 
+using namespace x86;
+
 /// Cache types with AVX-512 loops (f32 caches run the AVX2 ones).
 template <class CacheT>
 inline constexpr bool has_kernels = std::is_same_v<CacheT, half> || std::is_same_v<CacheT, bfloat16> ||
                                     std::is_same_v<CacheT, fp8_e4m3> || std::is_same_v<CacheT, fp8_e5m2>;
 
-/// 16 consecutive cache elements as floats, times 1 / avx2::Load<CacheT>::scale.
+/// 16 consecutive cache elements as floats, times 1 / Load<CacheT>::scale.
 template <class CacheT>
 KPA_IMPL_AVX512_INLINE inline __m512 load16(const CacheT* p) {
   if constexpr (std::is_same_v<CacheT, half>) {
@@ -60,11 +55,11 @@ KPA_IMPL_AVX512_INLINE inline __m512 load16(const CacheT* p) {
                                                   _mm512_set1_epi32(0x7f800000));
     return _mm512_castsi512_ps(_mm512_mask_or_epi32(wide, nan, wide, _mm512_set1_epi32(0x400000)));
   } else {
-    return _mm512_cvtph_ps(avx2::fp8_as_half16(p));
+    return _mm512_cvtph_ps(fp8_as_half16(p));
   }
 }
 
-/// 32 consecutive fp8 codes as binary16 codes (the bits avx2::fp8_as_half16 gives, 32 lanes at
+/// 32 consecutive fp8 codes as binary16 codes (the bits fp8_as_half16 gives, 32 lanes at
 /// once: about half its integer instructions per code).
 template <class CacheT>
 KPA_IMPL_AVX512_INLINE inline __m512i fp8_as_half32(const CacheT* p) {
@@ -102,8 +97,7 @@ KPA_IMPL_AVX512_INLINE inline __m512i e4m3_upper_as_half(__m512i upper) {
 /// `lo`, [32, 64) in `hi`. The codes go to the upper bytes of 16-bit lanes by unpacking against
 /// zero, 8 per 128-bit lane, after a qword permutation that makes the unpacked order the natural
 /// one; that takes three shuffles for 64 codes where fp8_as_half32 widens 32 with one, and the
-/// upper-byte form needs fewer instructions after it: the integer work of 64 codes took 11
-/// instructions against 14 (E4M3) and 6 against 10 (E5M2).
+/// upper-byte form needs fewer integer instructions after it.
 template <class CacheT>
 KPA_IMPL_AVX512_INLINE inline void fp8_as_half64(const CacheT* p, __m512i& lo, __m512i& hi) {
   static_assert(sizeof(CacheT) == 1, "fp8 codes");
@@ -130,7 +124,7 @@ constexpr std::uint16_t bfloat16_bits(int s, int x) {
 }
 
 /// bfloat16 bits of the fp8 code with magnitude bits m (0..127, sign clear) times
-/// 1 / avx2::Load<CacheT>::scale: E4M3 values times 2^-8, E5M2 values as they are. Every one
+/// 1 / Load<CacheT>::scale: E4M3 values times 2^-8, E5M2 values as they are. Every one
 /// is exact in bfloat16 (8 exponent bits: fp8 subnormals are normal there); NaN codes give the
 /// quiet NaN, E5M2's infinity infinity.
 template <class CacheT>
@@ -164,7 +158,7 @@ inline constexpr Fp8Bytes<CacheT> kFp8Bytes{};
 
 /// table[index & 127] for each byte of `index`; `table` 128 bytes, 64-byte aligned. vpermi2b
 /// (AVX-512 VBMI) written as assembly, so that the AVX-512 functions that inline it keep one
-/// target attribute: only the HostIsa::Avx512Vbmi kernels (the `Lookup` instantiations) run it.
+/// target attribute: only the Avx512Vbmi mapping, which HostIsa::Avx512Vbmi selects, runs it.
 KPA_IMPL_AVX512_INLINE inline __m512i lookup_bytes(const std::uint8_t* table, __m512i index) {
   __asm__("vpermi2b %[second], %[first], %[index]"
           : [index] "+v"(index)
@@ -172,13 +166,11 @@ KPA_IMPL_AVX512_INLINE inline __m512i lookup_bytes(const std::uint8_t* table, __
   return index;
 }
 
-/// 64 consecutive fp8 codes as floats times 1 / avx2::Load<CacheT>::scale, 16 per register in
-/// order (out[0, 4)), through byte lookups: the upper and lower bytes of each code's bfloat16 (the sign
-/// added to the upper), bytes to 16-bit lanes and 16-bit lanes to the upper halves of 32-bit
-/// ones, a float's bits. A dword permutation first (a 4 x 4 transpose of 4-code groups) makes
-/// the in-lane unpacks give the natural order. 9 shuffles and 1 logic instruction per 64 codes,
-/// where fp8_as_half64 and four vcvtph2ps take about 21 (host_qk, d128 E4M3, 4 heads: 3.3-4.1
-/// against 4.3-4.8 us per 256-token chunk).
+/// 64 consecutive fp8 codes as floats times 1 / Load<CacheT>::scale, 16 per register in
+/// order (out[0, 4)), through byte lookups: the upper and lower bytes of each code's bfloat16 (the
+/// sign added to the upper), bytes to 16-bit lanes and 16-bit lanes to the upper halves of 32-bit
+/// ones, a float's bits. A dword permutation first (a 4 x 4 transpose of 4-code groups) makes the
+/// in-lane unpacks give the natural order. No vcvtph2ps: 10 instructions per 64 codes.
 template <class CacheT>
 KPA_IMPL_AVX512_INLINE inline void fp8_as_float64(const CacheT* p, __m512* out) {
   static_assert(sizeof(CacheT) == 1, "fp8 codes");
@@ -195,18 +187,16 @@ KPA_IMPL_AVX512_INLINE inline void fp8_as_float64(const CacheT* p, __m512* out) 
   out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, second));
 }
 
-/// out[i] = the 16 cache elements at p + 16 i as floats (times 1 / avx2::Load<CacheT>::scale);
-/// fp8 codes four registers at a time where there are four (through byte lookups with `Lookup`),
-/// else two.
-template <bool Lookup, int N, class CacheT>
-KPA_IMPL_AVX512_INLINE inline void load_consecutive(const CacheT* p, __m512 (&out)[N]) {
-  int i = 0;
-  if constexpr (sizeof(CacheT) == 1) {
+/// The 16-lane widening mappings the tiles are written over: out[i] = the 16 cache elements at
+/// p + 16 i as floats (times 1 / Load<CacheT>::scale). Avx512 widens fp8 codes through binary16,
+/// four registers at a time where there are four, else two.
+struct Avx512 {
+  template <int N, class CacheT>
+  KPA_IMPL_AVX512_INLINE static void load_consecutive(const CacheT* p, __m512 (&out)[N]) {
+    int i = 0;
+    if constexpr (sizeof(CacheT) == 1) {
 #pragma GCC unroll 4
-    for (; i + 4 <= N; i += 4) {
-      if constexpr (Lookup) {
-        fp8_as_float64(p + 16 * i, out + i);
-      } else {
+      for (; i + 4 <= N; i += 4) {
         __m512i lo, hi;
         fp8_as_half64(p + 16 * i, lo, hi);
         out[i] = _mm512_cvtph_ps(_mm512_castsi512_si256(lo));
@@ -215,16 +205,37 @@ KPA_IMPL_AVX512_INLINE inline void load_consecutive(const CacheT* p, __m512 (&ou
         out[i + 3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hi, 1));
       }
     }
-#pragma GCC unroll 2
-    for (; i + 2 <= N; i += 2) {
-      const __m512i h = fp8_as_half32(p + 16 * i);
-      out[i] = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
-      out[i + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-    }
+    load_rest(p, out, i);
   }
+
+  /// Registers [i, N) two fp8 registers at a time where there are two, else one by one.
+  template <int N, class CacheT>
+  KPA_IMPL_AVX512_INLINE static void load_rest(const CacheT* p, __m512 (&out)[N], int i) {
+    if constexpr (sizeof(CacheT) == 1) {
+#pragma GCC unroll 2
+      for (; i + 2 <= N; i += 2) {
+        const __m512i h = fp8_as_half32(p + 16 * i);
+        out[i] = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+        out[i + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+      }
+    }
 #pragma GCC unroll 16
-  for (; i < N; ++i) out[i] = load16(p + 16 * i);
-}
+    for (; i < N; ++i) out[i] = load16(p + 16 * i);
+  }
+};
+
+/// Avx512 with fp8 codes widened four registers at a time through byte lookups (AVX-512 VBMI).
+struct Avx512Vbmi {
+  template <int N, class CacheT>
+  KPA_IMPL_AVX512_INLINE static void load_consecutive(const CacheT* p, __m512 (&out)[N]) {
+    int i = 0;
+    if constexpr (sizeof(CacheT) == 1) {
+#pragma GCC unroll 4
+      for (; i + 4 <= N; i += 4) fp8_as_float64(p + 16 * i, out + i);
+    }
+    Avx512::load_rest(p, out, i);
+  }
+};
 
 /// The same for the first n (0..16) elements, zeros after; nothing past them is read.
 template <class CacheT>
@@ -252,8 +263,8 @@ inline constexpr int kHalvesCapacity = (2 * N + 15) / 16 * 16;
 
 /// out[2i], out[2i + 1] = the sums of lanes [0, 8) and [8, 16) of acc[i] for i < N (two sums per
 /// register), zeros after them up to kHalvesCapacity<N>; `out` 64-byte aligned. A transposing
-/// tree, 8 registers into one: 15 shuffles and 7 adds (lane by lane through 256-bit halves and
-/// hadd it took about three times the shuffle port's time, a third of a d128 q.k tile).
+/// tree, 8 registers into one: 15 shuffles and 7 adds, where lane-by-lane sums through 256-bit
+/// halves would load the shuffle port several times as much.
 template <int N>
 KPA_IMPL_AVX512_INLINE inline void reduce_halves(const __m512 (&acc)[N], float* out) {
   const __m512i natural = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -319,28 +330,21 @@ KPA_IMPL_AVX512_INLINE inline void store_scaled_span(const float* src, float sca
   }
 }
 
-/// o[i] = (rescale ? o[i] * weight : o[i]) + src[i] * scale for i < W, registers as above.
+/// o[i] += src[i] * scale for i < W, registers as above.
 template <int W>
-KPA_IMPL_AVX512_INLINE inline void add_scaled_span(const float* src, float scale, float weight, bool rescale,
-                                                   float* o) {
+KPA_IMPL_AVX512_INLINE inline void add_scaled_span(const float* src, float scale, float* o) {
   if constexpr (W >= 16) {
-    __m512 v = _mm512_loadu_ps(o);
-    if (rescale) v = _mm512_mul_ps(v, _mm512_set1_ps(weight));
-    _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_loadu_ps(src), _mm512_set1_ps(scale), v));
-    add_scaled_span<W - 16>(src + 16, scale, weight, rescale, o + 16);
+    _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_loadu_ps(src), _mm512_set1_ps(scale), _mm512_loadu_ps(o)));
+    add_scaled_span<W - 16>(src + 16, scale, o + 16);
   } else if constexpr (W >= 8) {
-    __m256 v = _mm256_loadu_ps(o);
-    if (rescale) v = _mm256_mul_ps(v, _mm256_set1_ps(weight));
-    _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(src), _mm256_set1_ps(scale), v));
-    add_scaled_span<W - 8>(src + 8, scale, weight, rescale, o + 8);
+    _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(src), _mm256_set1_ps(scale), _mm256_loadu_ps(o)));
+    add_scaled_span<W - 8>(src + 8, scale, o + 8);
   } else if constexpr (W >= 4) {
-    __m128 v = _mm_loadu_ps(o);
-    if (rescale) v = _mm_mul_ps(v, _mm_set1_ps(weight));
-    _mm_storeu_ps(o, _mm_fmadd_ps(_mm_loadu_ps(src), _mm_set1_ps(scale), v));
-    add_scaled_span<W - 4>(src + 4, scale, weight, rescale, o + 4);
+    _mm_storeu_ps(o, _mm_fmadd_ps(_mm_loadu_ps(src), _mm_set1_ps(scale), _mm_loadu_ps(o)));
+    add_scaled_span<W - 4>(src + 4, scale, o + 4);
   } else if constexpr (W >= 1) {
-    o[0] = (rescale ? o[0] * weight : o[0]) + src[0] * scale;
-    add_scaled_span<W - 1>(src + 1, scale, weight, rescale, o + 1);
+    o[0] += src[0] * scale;
+    add_scaled_span<W - 1>(src + 1, scale, o + 1);
   }
 }
 
@@ -351,13 +355,13 @@ inline constexpr int kHeadTile = H <= 4 || H == 6 ? H : 8;
 // ---- q.k ----
 
 /// Key registers per q.k tile for HG heads: HG x KR accumulators, KR key registers, one query
-/// register (at most 29 of the 32). For 8 heads, 3 key registers were no faster than 2 (a
-/// block of 16 slots then ends in a one-register tile).
+/// register (at most 29 of the 32; for 8 rows, 2 key registers, so a block of 16 slots has no
+/// one-register remainder).
 template <int HG>
 inline constexpr int kKeyTile = HG <= 2 ? 8 : (HG == 3 ? 6 : (HG <= 6 ? 4 : 2));
 
 /// Logits of the slots in KR key registers (the first slot `slot`) for heads [g0, g0 + HG).
-template <int KR, int HG, bool Lookup, class CacheT>
+template <int KR, int HG, class Isa, class CacheT>
 KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch, int g0,
                                                int slot) {
   constexpr int X = static_cast<int>(16 / sizeof(CacheT));  // elements of a key vector
@@ -372,7 +376,7 @@ KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a,
   for (int v = 0; v < vectors; ++v) {
     ask_ahead(ahead);
     __m512 k[KR];
-    load_consecutive<Lookup>(key + v * stride, k);
+    Isa::load_consecutive(key + v * stride, k);
 #pragma GCC unroll 8
     for (int g = 0; g < HG; ++g) {
       const float* qg = q + g * a.head_size + v * X;
@@ -391,29 +395,25 @@ KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a,
   }
 #pragma GCC unroll 8
   for (int g = 0; g < HG; ++g) {
-    store_scaled_span<KR * SPR>(sums + g * KR * SPR, avx2::Load<CacheT>::scale,
+    store_scaled_span<KR * SPR>(sums + g * KR * SPR, Load<CacheT>::scale,
                                 a.logits + (g0 + g) * a.logits_stride + slot);
   }
 }
 
-/// q.k of a block (host_kernels.hpp); `Lookup`: fp8 codes widened through byte lookups (VBMI).
-template <int H, class CacheT, bool Lookup = false>
+/// q.k of a block, for head sizes that are multiples of the key vector.
+template <int H, class CacheT, class Isa>
 KPA_IMPL_AVX512 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
   constexpr int X = static_cast<int>(16 / sizeof(CacheT));
   constexpr int HG = kHeadTile<H>;
   constexpr int KR = kKeyTile<HG>;
   constexpr int SPR = 16 / X;
   static_assert(H % HG == 0, "head tiles divide the heads of a pass");
-  if (a.head_size % X != 0) {
-    portable::block_logits<H, CacheT>(a, prefetch);
-    return;
-  }
   prefetch.pace(H / HG * ((a.slots + KR * SPR - 1) / (KR * SPR)));
   for (int g0 = 0; g0 < H; g0 += HG) {
     int slot = 0;
-    for (; slot + KR * SPR <= a.slots; slot += KR * SPR) logits_tile<KR, HG, Lookup>(a, prefetch, g0, slot);
-    for (; slot + SPR <= a.slots; slot += SPR) logits_tile<1, HG, Lookup>(a, prefetch, g0, slot);
-    for (; slot < a.slots; ++slot) avx2::logits_slots<1, HG>(a, prefetch, g0, slot);  // an odd last slot
+    for (; slot + KR * SPR <= a.slots; slot += KR * SPR) logits_tile<KR, HG, Isa>(a, prefetch, g0, slot);
+    for (; slot + SPR <= a.slots; slot += SPR) logits_tile<1, HG, Isa>(a, prefetch, g0, slot);
+    for (; slot < a.slots; ++slot) logits_slots<1, HG>(a, prefetch, g0, slot);  // an odd last slot
   }
   prefetch.finish();
 }
@@ -421,21 +421,16 @@ KPA_IMPL_AVX512 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetc
 // ---- p.V ----
 
 /// Output rows per p.V tile for HG heads: HG x R accumulators, R value registers, one
-/// probability register (at most 29 of the 32). With the transposing reduction, 6 x 4 took
-/// 4.0 us for the p.V of a 256-token chunk of d128 (host_pv) against 4.8 for 6 x 2, and 8 x 3
-/// 5.6-5.8 against 6.0-6.2 for 8 x 2 (with the reduction through 256-bit halves 6 x 2 was the
-/// faster).
+/// probability register (at most 29 of the 32).
 template <int HG>
 inline constexpr int kRowTile = HG == 1 ? 16 : (HG == 2 ? 8 : (HG == 3 ? 6 : (HG == 4 || HG == 6 ? 4 : 3)));
 
-/// o[g][d] = o[g][d] * weight[g] (with `rescale`) + sum over the runs of p_g * v[d] for heads
-/// [g0, g0 + HG) and rows [d0, d0 + R), for a block size B that is a multiple of 16. Lanes past
-/// a run's slots are zero in both operands (the cache there may hold NaN: a zero lane, not
-/// 0 * NaN).
-template <int HG, int R, int B, bool Lookup, class CacheT>
+/// o[g][d] += sum over the runs of p_g * v[d] for rows [g0, g0 + HG) and dimensions
+/// [d0, d0 + R), for a block size B that is a multiple of 16. Lanes past a run's slots are zero
+/// in both operands (the cache there may hold NaN: a zero lane, not 0 * NaN).
+template <int HG, int R, int B, class Isa, class CacheT>
 KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch,
-                                               const avx2::ValueRun<CacheT>* runs, int count, int g0, int d0,
-                                               bool rescale) {
+                                               const ValueRun<CacheT>* runs, int count, int g0, int d0) {
   static_assert(B % 16 == 0, "whole registers per block row");
   const std::int64_t row0 = static_cast<std::int64_t>(d0) * B;
   const int ps = a.probs_stride;
@@ -453,7 +448,7 @@ KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a,
       for (int j = 0; j < B; j += 16) {
         __m512 vv[R];
         if constexpr (B == 16) {  // the tile's rows are adjacent
-          load_consecutive<Lookup>(v + j, vv);
+          Isa::load_consecutive(v + j, vv);
         } else {
 #pragma GCC unroll 16
           for (int r = 0; r < R; ++r) vv[r] = load16(v + r * B + j);
@@ -486,39 +481,34 @@ KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a,
   reduce_all(acc, sums);
 #pragma GCC unroll 8
   for (int g = 0; g < HG; ++g) {
-    add_scaled_span<R>(sums + g * R, avx2::Load<CacheT>::scale, a.weight[g0 + g], rescale,
-                       a.o + (g0 + g) * a.head_size + d0);
+    add_scaled_span<R>(sums + g * R, Load<CacheT>::scale, a.o + (g0 + g) * a.head_size + d0);
   }
 }
 
-template <int HG, int R, int B, bool Lookup, class CacheT>
+template <int HG, int R, int B, class Isa, class CacheT>
 KPA_IMPL_AVX512_INLINE inline void values_rows(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch,
-                                               const avx2::ValueRun<CacheT>* runs, int count, int g0, int d_begin,
-                                               int d_end, bool rescale) {
+                                               const ValueRun<CacheT>* runs, int count, int g0, int d_begin,
+                                               int d_end) {
   int d = d_begin;
-  for (; d + R <= d_end; d += R) values_tile<HG, R, B, Lookup>(a, prefetch, runs, count, g0, d, rescale);
-  for (; d < d_end; ++d) values_tile<HG, 1, B, Lookup>(a, prefetch, runs, count, g0, d, rescale);
+  for (; d + R <= d_end; d += R) values_tile<HG, R, B, Isa>(a, prefetch, runs, count, g0, d);
+  for (; d < d_end; ++d) values_tile<HG, 1, B, Isa>(a, prefetch, runs, count, g0, d);
 }
 
-/// p.V of a chunk (host_kernels.hpp); `Lookup`: fp8 codes widened through byte lookups (VBMI).
-template <int H, class CacheT, bool Lookup = false>
+/// p.V of a chunk, for block sizes 16 and 32.
+template <int H, class CacheT, class Isa>
 KPA_IMPL_AVX512 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin,
                                   int d_end) {
-  if (a.block_size != 16 && a.block_size != 32) {  // rows of 8 (or any) slots: the AVX2 tiles
-    avx2::chunk_values<H, CacheT>(a, prefetch, d_begin, d_end);
-    return;
-  }
   constexpr int HG = kHeadTile<H>;
   constexpr int R = kRowTile<HG>;
   prefetch.pace(H / HG * ((d_end - d_begin + R - 1) / R));
-  avx2::ValueRun<CacheT> runs[avx2::kMaxRuns];
-  for (int first = 0; first < a.blocks; first += avx2::kMaxRuns) {
-    const int count = avx2::attended_runs(a, first, runs);
+  ValueRun<CacheT> runs[kMaxRuns];
+  for (int first = 0; first < a.blocks; first += kMaxRuns) {
+    const int count = attended_runs(a, first, runs);
     for (int g0 = 0; g0 < H; g0 += HG) {
       if (a.block_size == 16) {
-        values_rows<HG, R, 16, Lookup>(a, prefetch, runs, count, g0, d_begin, d_end, first == 0);
+        values_rows<HG, R, 16, Isa>(a, prefetch, runs, count, g0, d_begin, d_end);
       } else {
-        values_rows<HG, R, 32, Lookup>(a, prefetch, runs, count, g0, d_begin, d_end, first == 0);
+        values_rows<HG, R, 32, Isa>(a, prefetch, runs, count, g0, d_begin, d_end);
       }
     }
   }
@@ -530,6 +520,4 @@ KPA_IMPL_AVX512 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetc
 #ifdef KPA_IMPL_AVX512_DIAGNOSTICS_PUSHED
 #pragma GCC diagnostic pop
 #undef KPA_IMPL_AVX512_DIAGNOSTICS_PUSHED
-#endif
-
 #endif

@@ -1,11 +1,19 @@
 #pragma once
-// The arguments of the host kernel path's inner loops (see host_kernels.hpp), and their portable
-// versions: plain C++ that every CPU runs and compilers vectorise as far as they can.
+// The host kernel path's inner loops as the kernel sees them: their arguments, the prefetcher
+// they spread their requests with, and one table of function pointers per (rows per pass, cache
+// type), filled for an instruction set once per call. The loops are compiled once, into libkpa
+// (src/host_loops/): a portable set every CPU runs, and AVX2 and AVX-512 sets built with target
+// attributes whatever the flags of the code that includes this header.
+//   block_logits  q . k for the H query rows of a pass against the slots of one cache block;
+//   chunk_values  o += p . V for a range of output dimensions over a chunk (o already rescaled);
+//   RowLoops      one row of a chunk's logits: the variant's soft cap and ALiBi ramp, and the
+//                 softmax (the max, p = exp(logit - max), the sum);
+//   RowConversions a query row into scratch floats and an output row out of them.
 
 #include <kpa/detail/kokkos_compat.hpp>
+#include <kpa/host_isa.hpp>
 #include <kpa/numeric_types.hpp>
 
-#include <cmath>
 #include <cstdint>
 
 namespace kpa::detail {
@@ -29,8 +37,7 @@ KOKKOS_INLINE_FUNCTION void prefetch_bytes(const void* p, int bytes) {
 /// values of each, asked for a line or two at a time from inside the inner loops. The host path
 /// lists the next chunk's blocks: spread over the arithmetic of the current chunk, the requests
 /// keep the core's line fill buffers busy while it computes, where a block's lines asked for at
-/// once stall the core until most of them have been given a buffer (host_path.hpp has the
-/// figures).
+/// once stall the core until most of them have been given a buffer.
 ///
 /// An inner-loop call gets an allowance (allow), spreads it over its register tiles (pace),
 /// takes one run of lines per tile (take) and asks for them a line or two per iteration
@@ -60,8 +67,7 @@ class BlockPrefetcher {
   /// For that call, before its loop: spreads the allowance over `tiles` calls of take().
   KOKKOS_INLINE_FUNCTION void pace(int tiles) { per_tile_ = tiles > 1 ? (allowed_ + tiles - 1) / tiles : allowed_; }
   /// A tile's share of the allowance (at most `most` lines), within one block. The tile asks
-  /// for them itself: the run's pointer and bound are all its loop keeps (with the cursor's
-  /// state in the loop instead, the q.k tiles ran 20-30% slower for the registers it took).
+  /// for them itself, so its loop keeps only the run's pointer and bound in registers.
   KOKKOS_INLINE_FUNCTION Run take(int most) {
     int n = per_tile_ < allowed_ ? per_tile_ : allowed_;
     if (n > most) n = most;
@@ -131,7 +137,7 @@ struct BlockLogitsArgs {
   int logits_stride;
 };
 
-/// One chunk_values call: the chunk's blocks, and output dimensions [d_begin, d_end).
+/// One chunk_values call: o += p . V over the chunk's blocks, for output dimensions [d_begin, d_end).
 template <class CacheT>
 struct ChunkValuesArgs {
   const CacheT* value_head;  ///< value_cache[0][kv_head]: block b's rows start b * block_stride later
@@ -143,101 +149,51 @@ struct ChunkValuesArgs {
   int head_size;
   const float* probs;        ///< probabilities of head g, chunk token t at probs[g * probs_stride + t]
   int probs_stride;
-  const float* weight;       ///< [H] factor of the running output (online-softmax rescale)
-  float* o;                  ///< [H][head_size] running output
+  float* o;                  ///< [H][head_size] running output, already rescaled for this chunk
 };
 
-/// The NaN-ignoring max (quiet comparisons: a NaN operand raises no floating-point exception).
-inline float max_ignoring_nan(float a, float b) { return std::isgreater(b, a) ? b : a; }
+/// The instruction-set parts of the row-wise logit rules and of the softmax (AttentionVariant
+/// calls the first two through its row-wise form).
+struct RowLoops {
+  /// p[i] = cap * tanh(p[i] / cap) for i < n; -inf and NaN stay as they are.
+  void (*soft_cap)(float* p, int n, float cap);
+  /// p[i] += slope * (offset + i) for i < n (ALiBi over a row of keys).
+  void (*add_ramp)(float* p, int n, float slope, float offset);
+  /// *max = the largest of `floor` and every p[i] (NaN ignored); p[i] = exp(p[i] - *max) (when
+  /// *max is -inf nothing is attended: 0, or NaN for a NaN); returns the sum of the p[i] (NaN if
+  /// any p[i] is).
+  float (*softmax)(float* p, int n, float floor, float* max);
+};
 
-namespace portable {
-
+/// The loops of one instruction set for passes of H rows over a cache of CacheT.
 template <int H, class CacheT>
-void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
-  prefetch.finish();  // a hint: asked for at once
-  constexpr int X = static_cast<int>(16 / sizeof(CacheT));
-  const int vectors = a.head_size / X, stride = a.block_size * X;
-  for (int slot = 0; slot < a.slots; ++slot) {
-    float acc[H][X] = {};  // X partial sums per head: vectorisable without reassociating
-    for (int dx = 0; dx < vectors; ++dx) {
-      float k[X];
-      for (int i = 0; i < X; ++i) k[i] = to_float(a.key_block[slot * X + dx * stride + i]);
-      for (int g = 0; g < H; ++g)
-        for (int i = 0; i < X; ++i) acc[g][i] += a.q[g * a.head_size + dx * X + i] * k[i];
-    }
-    for (int g = 0; g < H; ++g) {
-      float logit = 0.0f;
-      for (int i = 0; i < X; ++i) logit += acc[g][i];
-      a.logits[g * a.logits_stride + slot] = logit;
-    }
-  }
-}
+struct HostLoops {
+  HostIsa isa = HostIsa::Portable;  ///< the set the pointers below belong to
+  void (*block_logits)(const BlockLogitsArgs<CacheT>&, BlockPrefetcher&) = nullptr;
+  void (*chunk_values)(const ChunkValuesArgs<CacheT>&, BlockPrefetcher&, int d_begin, int d_end) = nullptr;
+  RowLoops rows{};
+};
 
-inline float row_softmax(float* p, int n, float slope, float position, float floor, float* max) {
-  float m = floor;
-  for (int i = 0; i < n; ++i) {
-    if (slope != 0.0f) p[i] += slope * (position + static_cast<float>(i));
-    m = max_ignoring_nan(m, p[i]);
-  }
-  *max = m;
-  float sum = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    // With nothing attended only a NaN logit (corrupt data) may remain, and it stays NaN.
-    p[i] = m == -compat::infinity() ? (p[i] != p[i] ? p[i] : 0.0f) : compat::exp(p[i] - m);
-    sum += p[i];
-  }
-  return sum;
-}
+/// Conversions between query / output rows of T and scratch floats.
+template <class T>
+struct RowConversions {
+  /// dst[i] = float(src[i]) * scale for i < n.
+  void (*load)(const T* src, float scale, float* dst, int n);
+  /// dst[i] = from_float<T>(src[i] * factor) for i < n, bit for bit.
+  void (*store)(const float* src, float factor, T* dst, int n);
+};
 
-/// p[i] = cap * tanh(p[i] / cap) for i < n; -inf (masked) stays -inf, NaN stays NaN.
-inline void row_soft_cap(float* p, int n, float cap) {
-  for (int i = 0; i < n; ++i) {
-    if (p[i] != -compat::infinity()) p[i] = cap * std::tanh(p[i] / cap);
-  }
-}
-
+/// The best loops of at most `isa` for passes of H rows over caches of CacheT with this head
+/// and block size (a set whose tiles do not fit the sizes yields to a lesser one for that loop).
+/// Defined in libkpa for every H of HostRowsPerPass and every cache storage type.
 template <int H, class CacheT>
-void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin, int d_end) {
-  prefetch.finish();  // a hint: asked for at once
-  constexpr int W = 8;  // partial sums per head
-  const int B = a.block_size;
-  for (int d = d_begin; d < d_end; ++d) {
-    float part[H][W] = {};
-    for (int lb = 0; lb < a.blocks; ++lb) {
-      if (a.block_ids[lb] < 0) continue;  // attended by no head of the pass: never read
-      const CacheT* v = a.value_head + a.block_ids[lb] * a.block_stride + static_cast<std::int64_t>(d) * B;
-      const float* p = a.probs + lb * B;
-      const int slots = lb + 1 == a.blocks ? a.last_block_slots : B;
-      int slot = 0;
-      for (; slot + W <= slots; slot += W) {
-        float vf[W];
-        for (int j = 0; j < W; ++j) vf[j] = to_float(v[slot + j]);
-        for (int g = 0; g < H; ++g)
-          for (int j = 0; j < W; ++j) part[g][j] += p[g * a.probs_stride + slot + j] * vf[j];
-      }
-      for (; slot < slots; ++slot) {  // never past the sequence: unused slots may hold NaN
-        const float vf = to_float(v[slot]);
-        for (int g = 0; g < H; ++g) part[g][0] += p[g * a.probs_stride + slot] * vf;
-      }
-    }
-    for (int g = 0; g < H; ++g) {
-      float sum = 0.0f;
-      for (int j = 0; j < W; ++j) sum += part[g][j];
-      float& o = a.o[g * a.head_size + d];
-      o = o * a.weight[g] + sum;
-    }
-  }
-}
+HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size);
 
+/// The row loops of at most `isa`.
+RowLoops host_row_loops(HostIsa isa);
+
+/// The row conversions of at most `isa`, for T = float, half or bfloat16.
 template <class T>
-void load_row(const T* src, float scale, float* dst, int n) {
-  load_scaled(src, 1, scale, dst, n);
-}
+RowConversions<T> host_row_conversions(HostIsa isa);
 
-template <class T>
-void store_row(const float* src, float factor, T* dst, int n) {
-  store_scaled(src, factor, dst, 1, n);
-}
-
-}  // namespace portable
 }  // namespace kpa::detail

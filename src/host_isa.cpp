@@ -1,0 +1,75 @@
+#include <kpa/error.hpp>
+#include <kpa/host_isa.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <ostream>
+#include <string>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
+namespace kpa {
+
+std::string_view to_string(HostIsa isa) {
+  switch (isa) {
+    case HostIsa::Avx512Vbmi: return "avx512vbmi";
+    case HostIsa::Avx512: return "avx512";
+    case HostIsa::Avx2: return "avx2";
+    default: return "portable";
+  }
+}
+
+std::ostream& operator<<(std::ostream& os, HostIsa isa) { return os << to_string(isa); }
+
+HostIsa parse_host_isa(std::string_view name) {
+  if (name == "portable") return HostIsa::Portable;
+  if (name == "avx2") return HostIsa::Avx2;
+  if (name == "avx512") return HostIsa::Avx512;
+  if (name == "avx512vbmi") return HostIsa::Avx512Vbmi;
+  throw Error("kpa: unknown host instruction set '" + std::string(name) +
+              "' (expected 'portable', 'avx2', 'avx512' or 'avx512vbmi')");
+}
+
+namespace detail {
+HostIsa cpu_host_isa() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  // AVX2, FMA and F16C, and the operating system saving the YMM registers; then AVX-512 F, BW,
+  // VL and DQ with the opmask and ZMM state saved too, then VBMI (cpuid and xgetbv: not every
+  // compiler's __builtin_cpu_supports knows F16C).
+  static const HostIsa isa = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return HostIsa::Portable;
+    const bool fma = (c >> 12) & 1u, osxsave = (c >> 27) & 1u, avx = (c >> 28) & 1u, f16c = (c >> 29) & 1u;
+    if (!(fma && osxsave && avx && f16c)) return HostIsa::Portable;
+    unsigned xcr0 = 0, xcr0_high = 0;
+    __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+    if ((xcr0 & 6u) != 6u) return HostIsa::Portable;  // XMM and YMM state
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return HostIsa::Portable;
+    if (((b >> 5) & 1u) == 0) return HostIsa::Portable;
+    const bool avx512 = ((b >> 16) & 1u) && ((b >> 17) & 1u) && ((b >> 30) & 1u) && ((b >> 31) & 1u);
+    if (!avx512 || (xcr0 & 0xe0u) != 0xe0u) return HostIsa::Avx2;
+    return ((c >> 1) & 1u) ? HostIsa::Avx512Vbmi : HostIsa::Avx512;
+  }();
+  return isa;
+#else
+  return HostIsa::Portable;
+#endif
+}
+
+HostIsa best_host_isa() { return std::min(cpu_host_isa(), compiled_host_isa()); }
+
+HostIsa chosen_host_isa(HostIsa best) {
+  const char* name = std::getenv("KPA_HOST_ISA");
+  if (name == nullptr || *name == '\0') return best;
+  const HostIsa isa = parse_host_isa(name);
+  if (isa > best) {
+    throw Error(std::string("kpa: KPA_HOST_ISA=") + name + " is not available here (best: " +
+                std::string(to_string(best)) + ")");
+  }
+  return isa;
+}
+}  // namespace detail
+
+}  // namespace kpa
