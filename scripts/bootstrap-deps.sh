@@ -12,7 +12,7 @@
 # Kokkos given through Kokkos_ROOT). With KPA_OFFLINE=1 nothing is installed or fetched: the
 # Kokkos sources must already be in <repo>/.deps/src (a machine without network).
 # - Distribution packages (as root, only those missing): C and C++ compilers, CMake, GoogleTest,
-#   Google Benchmark, dpkg-dev (for `apt-get source`), python3 with numpy (the ctypes test).
+#   Google Benchmark, CLI11 and nlohmann-json (kpa-bench), dpkg-dev (for `apt-get source`), python3 with numpy (the ctypes test).
 # - The Kokkos 3.4.1 and Kokkos Kernels 3.4 sources, from the distribution's `trilinos` source
 #   package, fetched once into <repo>/.deps/src.
 # - Host: Kokkos (Serial + OpenMP) and Kokkos Kernels, built into PREFIX once.
@@ -56,7 +56,8 @@ apt_update_once() {
 # install_packages [PACKAGE...]: the given packages, or the ones every build needs.
 install_packages() {
   local missing=() wanted=("$@")
-  [ "${#wanted[@]}" -gt 0 ] || wanted=(g++ gcc cmake make libgtest-dev libbenchmark-dev dpkg-dev xz-utils patch python3 python3-numpy)
+  [ "${#wanted[@]}" -gt 0 ] || wanted=(g++ gcc cmake make libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev dpkg-dev xz-utils
+                                        patch python3 python3-numpy)
   for pkg in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
   done

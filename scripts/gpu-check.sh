@@ -4,8 +4,9 @@
 #   scripts/gpu-check.sh --prepare SM
 #                                    on a machine with the package archives: builds the CUDA Kokkos
 #                                    prefix for sm_SM (.deps/install-cuda, or -smSM beyond Ampere;
-#                                    about 6 MB) and copies the GoogleTest sources (.deps/googletest)
-#                                    the GPU machine may lack
+#                                    about 6 MB) and copies what the GPU machine may lack: the
+#                                    GoogleTest sources (.deps/googletest) and kpa-bench's
+#                                    header-only CLI11 and nlohmann-json (.deps/header-libs)
 #   scripts/gpu-check.sh             on a GPU machine with nvcc, CMake and several cores (no network
 #                                    needed), given the sources and those two folders: builds kpa
 #                                    for the GPU it finds, then runs the checks below
@@ -22,8 +23,9 @@
 #
 # The checks:
 #   1. the unit tests on Kokkos::Cuda;
-#   2. the parity tests (the same inputs through OpenMP and CUDA, every output within the per-dtype
-#      tolerance; kpa-bench's default suite and the head-size x block-size x dtype grid);
+#   2. the parity tests (the same inputs through the host path on OpenMP and the device path on
+#      CUDA, every output within the per-dtype tolerance; kpa-bench's default suite and the
+#      head-size x block-size x dtype grid);
 #   3. kpa-bench on the GPU: the default suite, 1 x 131072 and 64 x 2048 tokens (32/8 heads, head
 #      128, f16), against the bandwidth a Kokkos probe measures on the same device;
 #   4. where python3 has torch with CUDA: the C ABI test (unit_tests/test_c_api.py) with device
@@ -55,9 +57,12 @@ if [ "${1:-}" = "--prepare" ]; then
   set -e
   sm=${2:?"--prepare SM: the GPU's compute capability, e.g. 90 for an H100/H200"}
   prefix=$(cuda_prefix "$sm")
-  rm -rf "$repo/.deps/googletest"
+  rm -rf "$repo/.deps/googletest" "$repo/.deps/header-libs"
   cp -r /usr/src/googletest "$repo/.deps/googletest"
-  log "prepared: carry ${prefix#"$repo/"} and .deps/googletest with the sources"
+  mkdir -p "$repo/.deps/header-libs/include" "$repo/.deps/header-libs/share/cmake"
+  cp -r /usr/include/CLI /usr/include/nlohmann "$repo/.deps/header-libs/include/"
+  cp -r /usr/share/cmake/CLI11 /usr/share/cmake/nlohmann_json "$repo/.deps/header-libs/share/cmake/"
+  log "prepared: carry ${prefix#"$repo/"}, .deps/googletest and .deps/header-libs with the sources"
   exit 0
 fi
 
@@ -106,6 +111,8 @@ build_kpa() {
     fi
     gtest_args=(-DGTest_ROOT="$repo/.deps/gtest-install")
   fi
+  # carried: kpa-bench's header-only libraries
+  [ -d "$repo/.deps/header-libs" ] && gtest_args+=(-DCMAKE_PREFIX_PATH="$repo/.deps/header-libs")
   # A cache made with another compiler would be reset by CMake without the flags below.
   if [ -f "$build/CMakeCache.txt" ] && ! grep -q "^CMAKE_CXX_COMPILER:.*=$kokkos/bin/nvcc_wrapper\$" "$build/CMakeCache.txt"; then
     rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"

@@ -11,6 +11,9 @@
 
 #include <kpa/kpa.hpp>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,6 +28,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kpa_bench {
@@ -85,37 +89,6 @@ struct Result {
   std::exit(2);
 }
 
-const char* kHelp = R"(usage: kpa-bench [options]
-
-With no workload options, runs the default suite (a Llama-style batch, the 100K-token long-context
-case, a single-tile batch, and the Llama batch with an fp8 cache) and prints one table.
-
-workload (any of these selects a custom run; lists and ranges make a sweep):
-  --version v1|v2|auto          entry point (default auto)
-  --batch-size N                sequences (default 8)
-  --seq-len L                   tokens per sequence: 4096, a list 1024,4096 or a range
-                                START:STOP[:STEP] (STEP xF multiplies: 128:131072:x4)
-  --num-query-heads H           (default 32)
-  --num-kv-heads K              (default 8)
-  --head-size D                 (default 128)
-  --block-size B                (default 16)
-  --use-alibi
-  --dtype float|half|bfloat16   query / output / "auto" cache type (default half)
-  --kv-cache-dtype auto|fp8|fp8_e4m3|fp8_e5m2   (default auto)
-  --partition-size P            v2 / auto partition size (default: 512 for v2, planner for auto)
-  --soft-cap C                  logits soft-capping C * tanh(logit / C)
-  --sliding-window W            each query attends its last W keys
-  --sinks                       a sink logit per query head (auto only)
-  --query-len N                 query tokens per sequence, causal among themselves (auto only)
-  --device-profile NAME         plan as bi-v100, host:N or NAME:SMS:OCC:SUB (KPA_DEVICE_PROFILE)
-run:
-  --seed S  --warmup N  --iters N  --baseline-iters N  --no-baselines
-  --warm-cache                  do not evict the caches before each timed call (by default a
-                                256 MiB buffer is rewritten first, as serving meets a cold cache)
-  --check                       compare a sample with the float64 reference, print the max error
-  --json FILE  --csv FILE       write the results
-)";
-
 std::vector<int> parse_int_list(const std::string& text, const char* what) {
   auto to_int = [&](const std::string& s) {
     char* end = nullptr;
@@ -164,94 +137,122 @@ std::vector<Workload> default_suite() {
   return {llama, long_context, single_tile, fp8};
 }
 
+/// CLI11's check of a whole number of at least `least`.
+CLI::Validator whole_number(long least) {
+  return CLI::Validator(
+      [least](std::string& value) {
+        char* end = nullptr;
+        const long v = std::strtol(value.c_str(), &end, 10);
+        if (value.empty() || *end != '\0' || v < least || v > (1L << 30)) {
+          return "'" + value + "' is not a whole number from " + std::to_string(least) + " to 2^30";
+        }
+        return std::string();
+      },
+      least > 0 ? "POSITIVE" : "NONNEGATIVE");
+}
+
+/// CLI11's check of a positive float.
+CLI::Validator positive_float() {
+  return CLI::Validator(
+      [](std::string& value) {
+        char* end = nullptr;
+        const float v = std::strtof(value.c_str(), &end);
+        return value.empty() || *end != '\0' || !(v > 0.0f) ? "'" + value + "' is not a positive number" : std::string();
+      },
+      "POSITIVE");
+}
+
+/// CLI11's check of a value through one of kpa's parsers (its kpa::Error message on failure).
+template <class Parse>
+CLI::Validator parsed_by(const char* name, Parse parse) {
+  return CLI::Validator(
+      [parse](std::string& value) {
+        try {
+          parse(value);
+          return std::string();
+        } catch (const kpa::Error& e) {
+          return std::string(e.what());
+        }
+      },
+      name);
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   Workload w;
-  std::vector<int> seq_lens = {w.seq_len};
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(arg + " needs a value");
-      return argv[++i];
-    };
-    auto number = [&]() { return parse_int_list(value(), arg.c_str()).front(); };
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kHelp, stdout);
-      std::exit(0);
-    } else if (arg == "--version") {
-      w.version = value();
-      if (w.version != "v1" && w.version != "v2" && w.version != "auto") usage_error("bad --version " + w.version);
-      o.custom = true;
-    } else if (arg == "--batch-size") {
-      w.batch_size = number(), o.custom = true;
-    } else if (arg == "--seq-len") {
-      seq_lens = parse_int_list(value(), "--seq-len"), o.custom = true;
-    } else if (arg == "--num-query-heads") {
-      w.num_query_heads = number(), o.custom = true;
-    } else if (arg == "--num-kv-heads") {
-      w.num_kv_heads = number(), o.custom = true;
-    } else if (arg == "--head-size") {
-      w.head_size = number(), o.custom = true;
-    } else if (arg == "--block-size") {
-      w.block_size = number(), o.custom = true;
-    } else if (arg == "--use-alibi") {
-      w.use_alibi = true, o.custom = true;
-    } else if (arg == "--dtype") {
-      w.dtype = value(), o.custom = true;
-      if (w.dtype != "float" && w.dtype != "half" && w.dtype != "bfloat16") usage_error("bad --dtype " + w.dtype);
-    } else if (arg == "--kv-cache-dtype") {
-      w.kv_cache_dtype = value(), o.custom = true;
-      try {
-        kpa::parse_kv_cache_dtype(w.kv_cache_dtype);
-      } catch (const kpa::Error& e) {
-        usage_error(e.what());
-      }
-    } else if (arg == "--partition-size") {
-      w.partition_size = number(), o.custom = true;
-    } else if (arg == "--soft-cap") {
-      w.soft_cap = std::stof(value()), o.custom = true;
-      if (!(w.soft_cap > 0.0f)) usage_error("--soft-cap must be positive");
-    } else if (arg == "--sliding-window") {
-      w.sliding_window = number(), o.custom = true;
-    } else if (arg == "--sinks") {
-      w.sinks = true, o.custom = true;
-    } else if (arg == "--query-len") {
-      w.query_len = number(), o.custom = true;
-    } else if (arg == "--device-profile") {
-      const std::string profile = value();
-      try {
-        kpa::DeviceProfile::from_name(profile);
-      } catch (const kpa::Error& e) {
-        usage_error(e.what());
-      }
-      ::setenv("KPA_DEVICE_PROFILE", profile.c_str(), 1);
-    } else if (arg == "--seed") {
-      o.seed = std::strtoull(value().c_str(), nullptr, 10);
-    } else if (arg == "--warmup") {
-      o.warmup = std::stoi(value());
-    } else if (arg == "--iters") {
-      o.iters = number();
-    } else if (arg == "--baseline-iters") {
-      o.baseline_iters = number();
-    } else if (arg == "--warm-cache") {
-      o.warm_cache = true;
-    } else if (arg == "--no-baselines") {
-      o.baselines = false;
-    } else if (arg == "--check") {
-      o.check = true;
-    } else if (arg == "--json") {
-      o.json = value();
-    } else if (arg == "--csv") {
-      o.csv = value();
-    } else if (arg.rfind("--kokkos", 0) == 0) {
-      continue;
-    } else {
-      usage_error("unknown option " + arg);
+  std::string seq_len = std::to_string(w.seq_len), device_profile;
+  CLI::App app("kpa-bench: decode-step paged attention against the machine's limits and the baselines.\n"
+               "With no workload option it runs the default suite (a Llama-style batch, the 100K-token\n"
+               "long-context case, a single-tile batch, and the Llama batch with an fp8 cache).");
+  app.allow_extras();  // Kokkos' own --kokkos-* options
+  const std::string workload = "Workload (any of these selects a custom run; lists and ranges make a sweep)";
+  const std::vector<CLI::Option*> workload_options = {
+      app.add_option("--version", w.version, "entry point")->check(CLI::IsMember({"v1", "v2", "auto"})),
+      app.add_option("--batch-size", w.batch_size, "sequences")->check(whole_number(1)),
+      app.add_option("--seq-len", seq_len,
+                     "tokens per sequence: 4096, a list 1024,4096 or a range START:STOP[:STEP] (STEP xF "
+                     "multiplies: 128:131072:x4)"),
+      app.add_option("--num-query-heads", w.num_query_heads)->check(whole_number(1)),
+      app.add_option("--num-kv-heads", w.num_kv_heads)->check(whole_number(1)),
+      app.add_option("--head-size", w.head_size)->check(whole_number(1)),
+      app.add_option("--block-size", w.block_size)->check(whole_number(1)),
+      app.add_flag("--use-alibi", w.use_alibi, "ALiBi slopes"),
+      app.add_option("--dtype", w.dtype, "query / output / auto cache type")
+          ->check(CLI::IsMember({"float", "half", "bfloat16"})),
+      app.add_option("--kv-cache-dtype", w.kv_cache_dtype, "auto|fp8|fp8_e4m3|fp8_e5m2")
+          ->check(parsed_by("KV_CACHE_DTYPE", [](const std::string& v) { kpa::parse_kv_cache_dtype(v); })),
+      app.add_option("--partition-size", w.partition_size, "v2 / auto partition size (default: 512 for v2, the "
+                                                           "planner for auto)")
+          ->check(whole_number(1)),
+      app.add_option("--soft-cap", w.soft_cap, "logits soft-capping C * tanh(logit / C), C > 0")
+          ->check(positive_float()),
+      app.add_option("--sliding-window", w.sliding_window, "each query attends its last W keys")
+          ->check(whole_number(1)),
+      app.add_flag("--sinks", w.sinks, "a sink logit per query head (auto only)"),
+      app.add_option("--query-len", w.query_len, "query tokens per sequence, causal among themselves (auto only)")
+          ->check(whole_number(1)),
+  };
+  for (CLI::Option* option : workload_options) {
+    option->group(workload);
+    // Options whose default is a value (not "off") show it.
+    if (option->get_name() != "--partition-size" && option->get_name() != "--soft-cap" &&
+        option->get_name() != "--sliding-window") {
+      option->capture_default_str();
     }
   }
+  const std::string run = "Run";
+  app.add_option("--device-profile", device_profile,
+                 "plan as bi-v100, host:N or NAME:SMS:OCC:SUB (sets KPA_DEVICE_PROFILE)")
+      ->check(parsed_by("PROFILE", [](const std::string& v) { kpa::DeviceProfile::from_name(v); }))
+      ->group(run);
+  app.add_option("--seed", o.seed)->group(run)->capture_default_str();
+  app.add_option("--warmup", o.warmup)->check(whole_number(0))->group(run)->capture_default_str();
+  app.add_option("--iters", o.iters)->check(whole_number(1))->group(run)->capture_default_str();
+  app.add_option("--baseline-iters", o.baseline_iters)->check(whole_number(1))->group(run)->capture_default_str();
+  bool no_baselines = false;
+  app.add_flag("--no-baselines", no_baselines, "skip the naive and dense baselines")->group(run);
+  app.add_flag("--warm-cache", o.warm_cache,
+               "do not evict the caches before each timed call (by default a 256 MiB buffer is rewritten first, "
+               "as serving meets a cold cache)")
+      ->group(run);
+  app.add_flag("--check", o.check, "compare a sample with the float64 reference, print the max error")->group(run);
+  app.add_option("--json", o.json, "write the results as JSON")->group(run);
+  app.add_option("--csv", o.csv, "write the results as CSV")->group(run);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);
+  }
+  for (const std::string& extra : app.remaining()) {
+    if (extra.rfind("--kokkos", 0) != 0) usage_error("unknown option " + extra);
+  }
+  o.baselines = !no_baselines;
+  if (!device_profile.empty()) ::setenv("KPA_DEVICE_PROFILE", device_profile.c_str(), 1);
+  o.custom = std::any_of(workload_options.begin(), workload_options.end(),
+                         [](const CLI::Option* option) { return option->count() > 0; });
   if (o.custom) {
     if ((w.sinks || w.query_len > 1) && w.version != "auto") usage_error("--sinks and --query-len need --version auto");
-    for (int len : seq_lens) {
+    for (int len : parse_int_list(seq_len, "--seq-len")) {
       Workload one = w;
       one.seq_len = len;
       if (one.query_len > len) usage_error("--query-len exceeds --seq-len");
@@ -266,12 +267,6 @@ Options parse(int argc, char** argv) {
     o.workloads = default_suite();
   }
   return o;
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) out += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-  return out + "\"";
 }
 
 template <class T, class C>
@@ -611,50 +606,65 @@ void print_table(const std::vector<Result>& results, const MachineLimits& limits
   }
 }
 
-void write_json(const std::string& path, const std::vector<Result>& results, const MachineLimits& limits) {
-  std::ofstream out(path);
-  auto optional = [](const std::optional<double>& v) { return v ? fixed(*v, 9) : std::string("null"); };
-  // One object per workload; the machine's measured limits ride along in each.
-  out << "[\n";
-  for (std::size_t i = 0; i < results.size(); ++i) {
-    const Result& r = results[i];
-    out << "  {\"name\": " << json_string(r.w.name) << ", \"version\": " << json_string(r.w.version)
-        << ", \"batch_size\": " << r.w.batch_size << ", \"seq_len\": " << r.w.seq_len
-        << ", \"num_query_heads\": " << r.w.num_query_heads << ", \"num_kv_heads\": " << r.w.num_kv_heads
-        << ", \"head_size\": " << r.w.head_size << ", \"block_size\": " << r.w.block_size
-        << ", \"use_alibi\": " << (r.w.use_alibi ? "true" : "false") << ", \"dtype\": " << json_string(r.w.dtype)
-        << ", \"kv_cache_dtype\": " << json_string(r.w.kv_cache_dtype) << ", \"median_us\": " << fixed(r.median_us, 3)
-        << ", \"min_us\": " << fixed(r.min_us, 3) << ", \"kv_bytes\": " << fixed(r.kv_bytes, 0)
-        << ", \"kv_gbps\": " << fixed(r.kv_gbps, 4) << ", \"bandwidth_pct\": " << fixed(r.bandwidth_pct, 3)
-        << ", \"gflops\": " << fixed(r.gflops, 3) << ", \"roofline_pct\": " << fixed(r.roofline_pct, 3)
-        << ", \"paged_read_gbps\": " << optional(r.paged_read_gbps) << ", \"paged_pct\": " << optional(r.paged_pct)
-        << ", \"max_abs_err\": " << optional(r.max_abs_err)
-        << ", \"speedup_vs_naive\": " << (r.naive_us ? fixed(*r.naive_us / r.median_us, 4) : "null")
-        << ", \"speedup_vs_dense\": " << (r.dense_us ? fixed(*r.dense_us / r.median_us, 4) : "null")
-        << ", \"plan\": " << json_string(r.plan) << ", \"execution_space\": " << json_string(Space::name())
-        << ", \"machine_read_gbps\": " << fixed(limits.read_bytes_per_s / 1e9, 3)
-        << ", \"machine_fma_gflops\": " << fixed(limits.flop_per_s / 1e9, 3)
-        << ", \"machine_probes\": " << json_string(probe_kind<Space>())
-        << ", \"kpa_version\": " << json_string(kpa::version_string) << "}" << (i + 1 < results.size() ? ",\n" : "\n");
-  }
-  out << "]\n";
+/// One workload's record, as JSON and CSV write it (the machine's measured limits ride along).
+nlohmann::ordered_json record(const Result& r, const MachineLimits& limits) {
+  auto optional = [](const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
+  auto speedup = [&](const std::optional<double>& us) {
+    return us ? nlohmann::json(*us / r.median_us) : nlohmann::json(nullptr);
+  };
+  return {{"name", r.w.name},
+          {"version", r.w.version},
+          {"batch_size", r.w.batch_size},
+          {"seq_len", r.w.seq_len},
+          {"num_query_heads", r.w.num_query_heads},
+          {"num_kv_heads", r.w.num_kv_heads},
+          {"head_size", r.w.head_size},
+          {"block_size", r.w.block_size},
+          {"use_alibi", r.w.use_alibi},
+          {"dtype", r.w.dtype},
+          {"kv_cache_dtype", r.w.kv_cache_dtype},
+          {"median_us", r.median_us},
+          {"min_us", r.min_us},
+          {"kv_bytes", r.kv_bytes},
+          {"kv_gbps", r.kv_gbps},
+          {"bandwidth_pct", r.bandwidth_pct},
+          {"gflops", r.gflops},
+          {"roofline_pct", r.roofline_pct},
+          {"paged_read_gbps", optional(r.paged_read_gbps)},
+          {"paged_pct", optional(r.paged_pct)},
+          {"max_abs_err", optional(r.max_abs_err)},
+          {"speedup_vs_naive", speedup(r.naive_us)},
+          {"speedup_vs_dense", speedup(r.dense_us)},
+          {"plan", r.plan},
+          {"execution_space", Space::name()},
+          {"machine_read_gbps", limits.read_bytes_per_s / 1e9},
+          {"machine_fma_gflops", limits.flop_per_s / 1e9},
+          {"machine_probes", probe_kind<Space>()},
+          {"kpa_version", kpa::version_string}};
 }
 
-void write_csv(const std::string& path, const std::vector<Result>& results) {
+void write_json(const std::string& path, const std::vector<nlohmann::ordered_json>& records) {
+  std::ofstream(path) << nlohmann::ordered_json(records).dump(2) << "\n";
+}
+
+/// The same records, one line each; null fields empty, strings unquoted (none holds a comma).
+void write_csv(const std::string& path, const std::vector<nlohmann::ordered_json>& records) {
   std::ofstream out(path);
-  out << "name,version,batch_size,seq_len,num_query_heads,num_kv_heads,head_size,block_size,dtype,kv_cache_dtype,"
-         "median_us,min_us,kv_bytes,kv_gbps,bandwidth_pct,gflops,roofline_pct,paged_read_gbps,paged_pct,max_abs_err,"
-         "speedup_vs_naive,speedup_vs_dense,plan\n";
-  for (const Result& r : results) {
-    out << r.w.name << "," << r.w.version << "," << r.w.batch_size << "," << r.w.seq_len << "," << r.w.num_query_heads
-        << "," << r.w.num_kv_heads << "," << r.w.head_size << "," << r.w.block_size << "," << r.w.dtype << ","
-        << r.w.kv_cache_dtype << "," << fixed(r.median_us, 3) << "," << fixed(r.min_us, 3) << ","
-        << fixed(r.kv_bytes, 0) << "," << fixed(r.kv_gbps, 4) << "," << fixed(r.bandwidth_pct, 3) << ","
-        << fixed(r.gflops, 3) << "," << fixed(r.roofline_pct, 3) << ","
-        << (r.paged_read_gbps ? fixed(*r.paged_read_gbps, 4) : "") << "," << (r.paged_pct ? fixed(*r.paged_pct, 3) : "")
-        << "," << (r.max_abs_err ? fixed(*r.max_abs_err, 9) : "") << ","
-        << (r.naive_us ? fixed(*r.naive_us / r.median_us, 4) : "") << ","
-        << (r.dense_us ? fixed(*r.dense_us / r.median_us, 4) : "") << "," << r.plan << "\n";
+  if (records.empty()) return;
+  const char* separator = "";
+  for (const auto& field : records.front().items()) out << std::exchange(separator, ",") << field.key();
+  out << "\n";
+  for (const auto& record : records) {
+    separator = "";
+    for (const auto& field : record.items()) {
+      out << std::exchange(separator, ",");
+      if (field.value().is_string()) {
+        out << field.value().get<std::string>();
+      } else if (!field.value().is_null()) {
+        out << field.value().dump();
+      }
+    }
+    out << "\n";
   }
 }
 
@@ -677,8 +687,10 @@ int run(const Options& o) {
   }
   std::fflush(stderr);
   print_table(results, limits);
-  if (!o.json.empty()) write_json(o.json, results, limits);
-  if (!o.csv.empty()) write_csv(o.csv, results);
+  std::vector<nlohmann::ordered_json> records;
+  for (const Result& r : results) records.push_back(record(r, limits));
+  if (!o.json.empty()) write_json(o.json, records);
+  if (!o.csv.empty()) write_csv(o.csv, records);
   return 0;
 }
 
