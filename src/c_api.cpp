@@ -246,8 +246,8 @@ void with_types(const char* call, int dtype, int cache_dtype, Run&& run) {
   }
 }
 
-/// The arguments every attention entry point shares.
-struct AttentionArgs {
+/// The C arguments every attention entry point of the C ABI shares (raw pointers and sizes).
+struct CAttentionArgs {
   const void* query;
   int dtype;  ///< a kpa_dtype value
   const void* key_cache;
@@ -268,7 +268,7 @@ struct AttentionArgs {
 
 /// Wraps the shared arguments as Views and hands them to `call_kpa`.
 template <class Body>
-void with_attention_views(const char* call, void* out, const AttentionArgs& a, Body&& call_kpa) {
+void with_attention_views(const char* call, void* out, const CAttentionArgs& a, Body&& call_kpa) {
   const int seqs = to_int(call, "num_seqs", a.num_seqs);
   const int heads = to_int(call, "num_heads", a.num_heads, false);
   const int kv_heads = to_int(call, "num_kv_heads", a.num_kv_heads, false);
@@ -391,7 +391,7 @@ int kpa_paged_attention_v1(void* out, const void* query, kpa_dtype dtype, const 
                            int64_t max_seq_len, float scale, const float* alibi_slopes, float k_scale, float v_scale,
                            int tp_rank, const kpa_block_sparse* block_sparse) {
   return guarded([&] {
-    const AttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
+    const CAttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
                              num_seqs,      num_heads,          num_kv_heads,  head_size,    num_blocks,
                              block_size,    block_tables,       max_blocks_per_seq, seq_lens, max_seq_len,
                              scale,         alibi_slopes,       k_scale,       v_scale,      tp_rank,
@@ -417,7 +417,7 @@ int kpa_paged_attention_v2(void* out, float* exp_sums, float* max_logits, void* 
     require(call, "exp_sums", exp_sums, any);
     require(call, "max_logits", max_logits, any);
     require(call, "tmp_out", tmp_out, any);
-    const AttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
+    const CAttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
                              num_seqs,      num_heads,          num_kv_heads,  head_size,    num_blocks,
                              block_size,    block_tables,       max_blocks_per_seq, seq_lens, max_seq_len,
                              scale,         alibi_slopes,       k_scale,       v_scale,      tp_rank,
@@ -444,7 +444,7 @@ int kpa_paged_attention(void* out, const void* query, kpa_dtype dtype, const voi
   return guarded([&] {
     const std::lock_guard<std::mutex> lock(workspace_mutex);
     if (!workspace) workspace = std::make_unique<kpa::Workspace<Space>>();
-    const AttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
+    const CAttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
                              num_seqs,      num_heads,          num_kv_heads,  head_size,    num_blocks,
                              block_size,    block_tables,       max_blocks_per_seq, seq_lens, max_seq_len,
                              scale,         alibi_slopes,       k_scale,       v_scale,      tp_rank,
@@ -487,7 +487,7 @@ int kpa_paged_attention_ex(void* out, const void* query, kpa_dtype dtype, const 
     const int seqs = to_int(call, "num_seqs", num_seqs);
     const int heads = to_int(call, "num_heads", num_heads, false);
     const int rows = several ? to_int(call, "num_tokens", o.num_tokens) : seqs;
-    AttentionArgs args{query,     dtype_value(dtype), key_cache,   value_cache,        dtype_value(cache_dtype),
+    CAttentionArgs args{query,     dtype_value(dtype), key_cache,   value_cache,        dtype_value(cache_dtype),
                        num_seqs,  num_heads,          num_kv_heads, head_size,         num_blocks,
                        block_size, block_tables,      max_blocks_per_seq, seq_lens,    max_seq_len,
                        o.scale,   o.alibi_slopes,     o.k_scale,   o.v_scale,          o.tp_rank,

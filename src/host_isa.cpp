@@ -45,6 +45,7 @@ HostIsa cpu_host_isa() {
     if (!(fma && osxsave && avx && f16c)) return HostIsa::Portable;
     unsigned xcr0 = 0, xcr0_high = 0;
     __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+    (void)xcr0_high;
     if ((xcr0 & 6u) != 6u) return HostIsa::Portable;  // XMM and YMM state
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return HostIsa::Portable;
     if (((b >> 5) & 1u) == 0) return HostIsa::Portable;

@@ -42,7 +42,7 @@ struct BackEndLimits {
 /// What the planner knows about a device.
 struct DeviceProfile {
   std::string name;
-  int sm_count = 1;             ///< streaming multiprocessors (GPU) or threads (host)
+  int sm_count = 1;             ///< places a team runs: streaming multiprocessors (GPU), threads (host)
   int sm_occupancy = 1;         ///< resident teams per SM
   int subscription_factor = 1;  ///< teams per resident slot (CUB's default is 5)
   bool is_gpu = false;          ///< GPU profiles run the device kernel path
@@ -107,14 +107,16 @@ struct ProblemShape {
   }
 };
 
-/// How a team computes a tile.
+/// How a team computes a tile. The names say the shape of the code, not where it may run: the
+/// host path runs on host back ends only, the device path on every back end (host back ends
+/// compile it where KPA_ENABLE_DEVICE_PATH_ON_HOST is defined).
 enum class KernelPath {
   /// CPU-shaped: team members take whole cache blocks and run register-blocked inner loops over
-  /// a block's slots (the x86 specialisations where the compiler targets them).
+  /// a block's slots (the instruction set's loops from libkpa).
   Host,
   /// GPU-shaped: each lane takes one token for q.k (16-byte key loads, no cross-lane sums) and
   /// one head dimension for p.V (16-byte value loads); the chunk's softmax state is one team
-  /// reduction over all heads of the pass.
+  /// reduction over all rows of the pass.
   Device,
 };
 

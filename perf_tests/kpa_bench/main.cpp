@@ -388,7 +388,7 @@ class Bench {
       const char* keys = reinterpret_cast<const char*>(key_cache_.data());
       const char* values = reinterpret_cast<const char*>(value_cache_.data());
       const auto tables = block_tables_;
-#ifdef KPA_IMPL_X86_KERNELS
+#ifdef KPA_BENCH_X86_PROBES
       const bool avx2 = x86::probe_width() >= 8;
 #else
       const bool avx2 = false;

@@ -54,7 +54,7 @@ inline void row_soft_cap(float* p, int n, float cap) {
 }
 
 inline void row_add_ramp(float* p, int n, float slope, float offset) {
-  for (int i = 0; i < n; ++i) p[i] += slope * (offset + static_cast<float>(i));
+  for (int i = 0; i < n; ++i) p[i] += AttentionVariant::alibi_bias(slope, offset + static_cast<float>(i));
 }
 
 template <int H, class CacheT>

@@ -60,6 +60,10 @@ struct AttentionVariant {
     return logit == -compat::infinity() ? logit : cap * compat::tanh(logit / cap);
   }
 
+  /// The rule's scalar definition of ALiBi: the bias of a key `distance` = j - p positions from
+  /// the query (0 or negative).
+  KOKKOS_INLINE_FUNCTION static float alibi_bias(float slope, float distance) { return slope * distance; }
+
   KOKKOS_INLINE_FUNCTION QueryRow row(int head, int position) const {
     return QueryRow{head, position, alibi_slopes.present() ? alibi_slopes[head] : 0.0f};
   }
@@ -68,7 +72,7 @@ struct AttentionVariant {
   /// softmax sees.
   KOKKOS_INLINE_FUNCTION float logit(float qk, const QueryRow& row, int key) const {
     if (logits_soft_cap > 0.0f) qk = soft_cap(qk, logits_soft_cap);
-    if (row.alibi_slope != 0.0f) qk += row.alibi_slope * static_cast<float>(key - row.position);
+    if (row.alibi_slope != 0.0f) qk += alibi_bias(row.alibi_slope, static_cast<float>(key - row.position));
     return qk;
   }
 
