@@ -43,9 +43,8 @@ HostIsa cpu_host_isa() {
     if (__get_cpuid(1, &a, &b, &c, &d) == 0) return HostIsa::Portable;
     const bool fma = (c >> 12) & 1u, osxsave = (c >> 27) & 1u, avx = (c >> 28) & 1u, f16c = (c >> 29) & 1u;
     if (!(fma && osxsave && avx && f16c)) return HostIsa::Portable;
-    unsigned xcr0 = 0, xcr0_high = 0;
-    __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
-    (void)xcr0_high;
+    unsigned xcr0 = 0;  // the state bits kpa needs are all in the low half
+    __asm__("xgetbv" : "=a"(xcr0) : "c"(0) : "edx");
     if ((xcr0 & 6u) != 6u) return HostIsa::Portable;  // XMM and YMM state
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return HostIsa::Portable;
     if (((b >> 5) & 1u) == 0) return HostIsa::Portable;

@@ -40,12 +40,12 @@ HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size) {
   loops.rows = host_row_loops(isa);
 #ifdef KPA_IMPL_X86_LOOPS
   constexpr int X = static_cast<int>(16 / sizeof(CacheT));  // elements of a key vector
-  if (isa >= HostIsa::Avx2 && x86::has_loops<CacheT>) {
+  if (isa >= HostIsa::Avx2) {
     loops.isa = HostIsa::Avx2;
     if (head_size % 8 == 0) loops.block_logits = &avx2::block_logits<H, CacheT>;
     loops.chunk_values = &avx2::chunk_values<H, CacheT>;
   }
-  if constexpr (avx512::has_kernels<CacheT>) {
+  if constexpr (avx512::has_loops<CacheT>) {
     if (isa >= HostIsa::Avx512) {
       // fp8 codes widen through byte lookups where the CPU has VBMI.
       const bool lookup = sizeof(CacheT) == 1 && isa >= HostIsa::Avx512Vbmi;

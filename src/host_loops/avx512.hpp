@@ -39,7 +39,7 @@ using namespace x86;
 
 /// Cache types with AVX-512 loops (f32 caches run the AVX2 ones).
 template <class CacheT>
-inline constexpr bool has_kernels = std::is_same_v<CacheT, half> || std::is_same_v<CacheT, bfloat16> ||
+inline constexpr bool has_loops = std::is_same_v<CacheT, half> || std::is_same_v<CacheT, bfloat16> ||
                                     std::is_same_v<CacheT, fp8_e4m3> || std::is_same_v<CacheT, fp8_e5m2>;
 
 /// 16 consecutive cache elements as floats, times 1 / Load<CacheT>::scale.

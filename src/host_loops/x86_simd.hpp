@@ -22,11 +22,6 @@
 namespace kpa::detail::x86 {
 
 template <class CacheT>
-inline constexpr bool has_loops = std::is_same_v<CacheT, float> || std::is_same_v<CacheT, half> ||
-                                  std::is_same_v<CacheT, bfloat16> || std::is_same_v<CacheT, fp8_e4m3> ||
-                                  std::is_same_v<CacheT, fp8_e5m2>;
-
-template <class CacheT>
 struct Load;
 
 template <>

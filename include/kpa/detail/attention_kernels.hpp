@@ -137,7 +137,6 @@ struct PartitionKernel {
     c.table_stride = static_cast<std::int64_t>(views.block_tables.stride(1));
     c.begin = pass.begin;
     c.end = pass.end;
-    c.rows = pass.rows;
     c.head_size = params.head_size;
     c.block_size = params.block_size;
     c.chunk_tokens = params.chunk_tokens;

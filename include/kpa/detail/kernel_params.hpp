@@ -82,8 +82,8 @@ struct TileScratch {
 
 /// One pass over a tile, as its kernel path sees it: a run of up to H of the tile's rows over the
 /// keys [begin, end) of one kv head, with everything the path reads already resolved. A tile's
-/// rows are its sequence's query tokens x the kv head's group of query heads; rows past `rows`
-/// are padding (zero queries, the last real row's rules, never stored).
+/// rows are its sequence's query tokens x the kv head's group of query heads; a pass's last rows
+/// may be padding (zero queries, the last real row's rules, never stored).
 template <int H, class CacheT>
 struct PassContext {
   const CacheT* key_head;    ///< key_cache[0][kv_head]: block b at b * block_stride
@@ -92,7 +92,6 @@ struct PassContext {
   const int* block_table;    ///< the sequence's row of block_tables: entry i at i * table_stride
   std::int64_t table_stride;
   int begin, end;            ///< keys of the pass (begin on a block boundary)
-  int rows;                  ///< real rows, <= H
   int head_size, block_size, chunk_tokens;
   QueryRow row[H];
   AttentionVariant variant;
