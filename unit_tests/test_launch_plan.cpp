@@ -398,8 +398,44 @@ TEST(LaunchPlan, EveryPlannableRowsPerPassHasAKernel) {
 
 // The host path's instruction set: names round-trip, KPA_HOST_ISA may ask for less than the best
 // but not more, and the planner refuses an override the back end cannot run.
+// check_plan_inputs refuses what plan_launch refuses, and accepts what it plans.
+TEST(LaunchPlan, CheckPlanInputsValidatesWithoutPlanning) {
+  const auto profile = kpa::DeviceProfile::bi_v100();
+  EXPECT_NO_THROW(kpa::check_plan_inputs(profile, shape(4, 32, 8, 4096)));
+  EXPECT_THROW(kpa::check_plan_inputs(profile, shape(4, 32, 3, 4096)), kpa::Error);  // 32 % 3
+  EXPECT_THROW(kpa::check_plan_inputs(profile, shape(4, 32, 8, -1)), kpa::Error);
+  kpa::PlanOptions options;
+  options.partition_size = 24;  // not a multiple of the block size 16
+  EXPECT_THROW(kpa::check_plan_inputs(profile, shape(4, 32, 8, 4096), options), kpa::Error);
+  EXPECT_THROW(kpa::plan_launch(profile, shape(4, 32, 8, 4096), options), kpa::Error);
+}
+
+// A profile whose occupancy comes from the kernel asks the query once, after the team shape, and
+// sizes the league with its answer; other profiles never ask.
+TEST(LaunchPlan, OccupancyQuerySizesTheLeagueOnce) {
+  kpa::DeviceProfile gpu = kpa::DeviceProfile::from_name("gpu:10:1:1");
+  gpu.occupancy_from_kernel = true;
+  int asked = 0;
+  const kpa::OccupancyQuery three = [&](const kpa::LaunchPlan& plan) {
+    ++asked;
+    EXPECT_GT(plan.team_size, 0);
+    EXPECT_GT(plan.scratch_bytes, 0u);
+    return 3;
+  };
+  const auto many = shape(64, 32, 8, 512);  // 512 tiles of one partition each
+  EXPECT_EQ(kpa::plan_launch(gpu, many, {}, three).league_size, 30);
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(kpa::plan_launch(gpu, many).league_size, 10);  // no query: the profile's occupancy
+  gpu.occupancy_from_kernel = false;
+  EXPECT_EQ(kpa::plan_launch(gpu, many, {}, three).league_size, 10);
+  EXPECT_EQ(asked, 1);
+}
+
 TEST(LaunchPlan, HostInstructionSetsParseAndAreNeverMoreThanTheBest) {
   using kpa::HostIsa;
+  std::ostringstream printed;
+  printed << HostIsa::Avx512Vbmi << ' ' << HostIsa::Portable;
+  EXPECT_EQ(printed.str(), "avx512vbmi portable");
   for (HostIsa isa : {HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512, HostIsa::Avx512Vbmi}) {
     EXPECT_EQ(kpa::parse_host_isa(kpa::to_string(isa)), isa);
   }
