@@ -5,6 +5,10 @@ or, when that is not set, is built with CMake from the source tree around this f
 from Kokkos_ROOT, or the tree's .deps/install made by scripts/bootstrap-deps.sh). Its libkpa.so
 is copied into the package, which finds it next to itself from any install location.
 
+A CUDA build of kpa (a libkpa.so that needs the CUDA runtime) gives a CUDA extension: it runs
+CUDA tensors on torch's current stream as well as CPU tensors, and needs a CUDA build of torch
+of the same CUDA major version and the CUDA Toolkit's headers (CUDA_HOME, or nvcc on PATH).
+
     pip install --no-build-isolation ./python                 # torch from the environment
     KPA_PREFIX=/opt/kpa pip install --no-build-isolation ./python
 """
@@ -15,8 +19,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import torch
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
 HERE = Path(__file__).resolve().parent
 SOURCE_TREE = HERE.parent
@@ -65,28 +70,46 @@ prefix = kpa_prefix()
 libdir = library_dir(prefix)
 
 
-def soname(lib):
+def dynamic_section(lib, tag):
     dynamic = subprocess.run(["objdump", "-p", lib], check=True, capture_output=True, text=True).stdout
-    names = [line.split()[1] for line in dynamic.splitlines() if line.strip().startswith("SONAME")]
+    return [line.split()[1] for line in dynamic.splitlines() if line.strip().startswith(tag + " ")]
+
+
+def soname(lib):
+    names = dynamic_section(lib, "SONAME")
     return names[0] if names else os.path.basename(lib)
+
+
+libraries = [lib for lib in glob.glob(str(libdir / "libkpa.so.*")) if not os.path.islink(lib)]
+if not libraries:
+    raise SystemExit(f"kpa: no libkpa.so.* under {libdir}")
+# A CUDA build of kpa links the CUDA runtime; its operators then take CUDA tensors too.
+cuda_kpa = any(name.startswith("libcudart") for name in dynamic_section(libraries[0], "NEEDED"))
+if cuda_kpa and torch.version.cuda is None:
+    raise SystemExit(f"kpa: {libraries[0]} is a CUDA build of kpa; it needs a CUDA build of torch "
+                     f"(this torch {torch.__version__} has no CUDA)")
 
 
 # The library, under the name the extension loads it by (its soname), next to the package's modules.
 for old in glob.glob(str(HERE / "kpa" / "libkpa.so*")):
     os.remove(old)
-for lib in glob.glob(str(libdir / "libkpa.so.*")):
-    if not os.path.islink(lib):
-        shutil.copy2(lib, HERE / "kpa" / soname(lib))
+for lib in libraries:
+    # A fresh modification time: setuptools' build folder keeps a copy it thinks newer otherwise.
+    shutil.copy(lib, HERE / "kpa" / soname(lib))
 
+# torch 2's headers pick their own C++ standard (C++17 or later); torch 1.x's default is C++14.
+flags = ["-O2", "-Wall"] + (["-std=c++17"] if int(torch.__version__.split(".")[0]) < 2 else [])
+Extension = CUDAExtension if cuda_kpa else CppExtension
 setup(
     ext_modules=[
-        CppExtension(
+        Extension(
             "kpa._torch_ops",
             ["csrc/torch_ops.cpp"],
             include_dirs=[str(prefix / "include")],
             library_dirs=[str(libdir)],
             libraries=["kpa"],
-            extra_compile_args=["-O2", "-std=c++17", "-Wall"],
+            define_macros=[("KPA_TORCH_CUDA", "1")] if cuda_kpa else [],
+            extra_compile_args={"cxx": flags} if cuda_kpa else flags,
             extra_link_args=["-Wl,-rpath,$ORIGIN"],
         )
     ],

@@ -30,7 +30,13 @@
 #      128, f16), against the bandwidth a Kokkos probe measures on the same device;
 #   4. where python3 has torch with CUDA: the C ABI test (unit_tests/test_c_api.py) with device
 #      pointers, and the same shapes as 3. through PyTorch's scaled_dot_product_attention
-#      (scripts/sdpa_anchor.py).
+#      (scripts/sdpa_anchor.py);
+#   5. (not with --run) where python3 has torch with CUDA, pip and setuptools: the PyTorch
+#      operators' CUDA extension built against that torch and this build (no network: pip
+#      --no-index), the whole pytest suite on CUDA tensors (KPA_TEST_DEVICE=cuda: CPU/GPU parity,
+#      torch's current stream, a CUDA-graph capture and replay of a decode step against eager,
+#      opcheck and torch.compile), and kpa.vllm_ops.paged_attention_v2 timed eagerly and from a
+#      CUDA graph on the shapes of 4. (python/benchmarks/bench_vllm_ops_device.py).
 # Logs and JSON go to KPA_GPU_CHECK_OUT (default <repo>/build-gpu/results); each check stops after
 # KPA_GPU_STEP_TIMEOUT seconds (default 900); the exit status is nonzero if a build, test or parity
 # step failed. KPA_GPU_MEMCHECK=FILTER also runs the unit tests that GoogleTest FILTER selects under
@@ -125,10 +131,21 @@ build_kpa() {
   [ "$status" = 0 ] || exit 1
 }
 
-# run_checks TESTS_DIR BENCH_DIR LIBKPA: the checks, on the test binaries in TESTS_DIR, kpa-bench in
-# BENCH_DIR and the C ABI library LIBKPA.
+# torch_extension BUILD: the PyTorch operators built against python3's torch and BUILD's kpa,
+# installed into BUILD/python-site.
+torch_extension() {
+  local from=$1
+  cmake --install "$from" --prefix "$from/python-prefix" &&
+    rm -rf "$from/python-site" &&
+    KPA_PREFIX=$from/python-prefix python3 -m pip install --no-build-isolation --no-index --no-deps \
+      --target "$from/python-site" "$repo/python"
+}
+
+# run_checks TESTS_DIR BENCH_DIR LIBKPA [BUILD]: the checks, on the test binaries in TESTS_DIR,
+# kpa-bench in BENCH_DIR and the C ABI library LIBKPA; with BUILD (a build folder of kpa), the
+# PyTorch operators too.
 run_checks() {
-  local bin=$1 libkpa=$3
+  local bin=$1 libkpa=$3 from=${4:-}
   nvidia-smi -L >&2 || { log "no NVIDIA GPU visible"; exit 1; }
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8} OMP_PROC_BIND=${OMP_PROC_BIND:-false}
   local limit=(timeout "${KPA_GPU_STEP_TIMEOUT:-900}")  # a hung kernel fails its step, not the whole check
@@ -148,10 +165,20 @@ run_checks() {
     --head-size 128 --dtype half --check --json "$out/bench_long_1x131072.json"
   step bench_64x2048 "${limit[@]}" "$bench" --batch-size 64 --seq-len 2048 --num-query-heads 32 --num-kv-heads 8 \
     --head-size 128 --dtype half --check --json "$out/bench_64x2048.json"
+  local shapes=(llama_32x4096:32:4096:32:8:128 long_context_1x100k:1:100000:24:4:256
+                single_tile_64x512:64:512:32:8:128 long_1x131072:1:131072:32:8:128 batch_64x2048:64:2048:32:8:128)
   if [ "$torch" = 1 ]; then
-    step sdpa_anchor "${limit[@]}" python3 "$repo/scripts/sdpa_anchor.py" --json "$out/sdpa_anchor.json" \
-      llama_32x4096:32:4096:32:8:128 long_context_1x100k:1:100000:24:4:256 single_tile_64x512:64:512:32:8:128 \
-      long_1x131072:1:131072:32:8:128 batch_64x2048:64:2048:32:8:128
+    step sdpa_anchor "${limit[@]}" python3 "$repo/scripts/sdpa_anchor.py" --json "$out/sdpa_anchor.json" "${shapes[@]}"
+  fi
+  if [ "$torch" = 1 ] && [ -n "$from" ]; then
+    step torch_extension torch_extension "$from"
+    if [ -d "$from/python-site/kpa" ]; then
+      # From the tests' folder with the built package first on the path, not the source.
+      step pytest_cuda "${limit[@]}" env -C "$repo/python/tests" PYTHONPATH="$from/python-site" KPA_TEST_DEVICE=cuda \
+        python3 -m pytest -q -p no:cacheprovider -rs -s
+      step bench_vllm_ops_cuda "${limit[@]}" env PYTHONPATH="$from/python-site" python3 \
+        "$repo/python/benchmarks/bench_vllm_ops_device.py" --device cuda --json "$out/bench_vllm_ops_cuda.json" "${shapes[@]}"
+    fi
   fi
   # Last: memcheck runs the kernels many times slower.
   if [ -n "${KPA_GPU_MEMCHECK:-}" ]; then
@@ -171,6 +198,8 @@ run_checks() {
       echo "== $name"; sed -n '/^machine:/,$p' "$out/$name.log"
     done
     [ -f "$out/sdpa_anchor.log" ] && { echo "== torch SDPA"; cat "$out/sdpa_anchor.log"; }
+    [ -f "$out/pytest_cuda.log" ] && { echo "== pytest on CUDA tensors"; grep -E "graph replay|passed|failed" "$out/pytest_cuda.log"; }
+    [ -f "$out/bench_vllm_ops_cuda.log" ] && { echo "== kpa.vllm_ops on CUDA tensors"; cat "$out/bench_vllm_ops_cuda.log"; }
   } | tee "$out/summary.txt"
 }
 
@@ -204,7 +233,7 @@ case "${1:-}" in
     gpu_sm=$("$repo/scripts/gpu-sm.sh")
     [ -n "$gpu_sm" ] || { log "no GPU found (nvidia-smi): nothing to build for"; exit 1; }
     build_kpa "$gpu_sm"
-    run_checks "$build/unit_tests" "$build/perf_tests" "$build/libkpa.so"
+    run_checks "$build/unit_tests" "$build/perf_tests" "$build/libkpa.so" "$build"
     ;;
   *) log "unknown option $1 (see the header of $0)"; exit 2 ;;
 esac

@@ -4,19 +4,24 @@
 #      host path (the best inner loops of this CPU and every lesser set: portable, AVX2,
 #      AVX-512 without VBMI) and the device kernel path; every public header on its own; the C ABI from C and from Python; a kpa-bench smoke
 #      run; the installed package used by a separate project and run from its prefix.
-#   2. The PyTorch operators (scripts/python.sh --test): the distribution's torch, the package in
-#      python/ pip-installed into <repo>/build/python-venv against the host build, its pytest suite;
-#      then again with the package building libkpa from the tree itself (<repo>/build/python-from-source).
+#   2. The PyTorch operators (scripts/python.sh --test): the package in python/ pip-installed
+#      against the host build and its pytest suite, on the distribution's torch 1.13
+#      (<repo>/build/python-venv) and on torch 2.13 from the Python package index
+#      (<repo>/.deps/torch-2.13.0, <repo>/build/python-venv-torch2: opcheck, fake tensors,
+#      torch.compile); then on torch 1.13 with the package building libkpa from the tree itself
+#      (<repo>/build/python-from-source).
 #   3. Sanitizer build (<repo>/build-asan): the unit tests and the C ABI tests again, built with
 #      AddressSanitizer and UndefinedBehaviorSanitizer; any report fails the run.
 #   4. The libFuzzer target over the C ABI (scripts/fuzz.sh, <repo>/build-fuzz): a bounded run
 #      from the committed seed corpus (KPA_FUZZ_SECONDS, default 60).
 #   5. Where nvcc is found (unless KPA_SKIP_CUDA=1), CUDA build (Kokkos Serial + OpenMP + CUDA for
 #      KPA_CUDA_ARCH, default AMPERE80, <repo>/build-cuda): every target compiled and linked, the
-#      unit-test binary and libkpa.so checked for machine code of that architecture, and the
-#      installed package built by a separate project. On a machine with an NVIDIA GPU of the
-#      build's major version the CUDA build's tests run too, on Kokkos::Cuda (other GPUs:
-#      scripts/gpu-check.sh).
+#      unit-test binary and libkpa.so checked for machine code of that architecture (and for no
+#      kernel launched through constant memory), the installed package built by a separate
+#      project, and the PyTorch operators' CUDA extension built against torch 2.13 and the CUDA
+#      build (<repo>/build-cuda/python-venv-torch2) with the package's libkpa checked the same
+#      way. On a machine with an NVIDIA GPU of the build's major version the CUDA build's tests
+#      and the pytest suite on CUDA tensors run too (other GPUs: scripts/gpu-check.sh).
 # A second run reuses the dependency prefixes and the build folders.
 set -euo pipefail
 
@@ -28,8 +33,9 @@ BUILD_DIR=$build "$repo/scripts/build.sh"
 # OMP_PROC_BIND=false: tests share the cores with each other; two threads exercise team sizes > 1.
 (cd "$build" && OMP_NUM_THREADS=2 OMP_PROC_BIND=false ctest -j "$(nproc)" --output-on-failure)
 
-log "PyTorch operators (python/): pip install against the host build, then pytest"
+log "PyTorch operators (python/): pip install against the host build, then pytest (torch 1.13, then torch 2.13)"
 BUILD_DIR=$build "$repo/scripts/python.sh" --test
+BUILD_DIR=$build "$repo/scripts/python.sh" --torch2 --test
 log "PyTorch operators again, the package building libkpa itself (pip install without an installed kpa)"
 BUILD_DIR=$build/python-from-source "$repo/scripts/python.sh" --test
 
@@ -50,13 +56,22 @@ cuda_build=${CUDA_BUILD_DIR:-$repo/build-cuda}
 arch=${KPA_CUDA_ARCH:-AMPERE80}
 log "CUDA build ($arch) in $cuda_build"
 BUILD_DIR=$cuda_build "$repo/scripts/build.sh" --cuda
-python3 "$repo/scripts/check_device_code.py" --arch "${arch//[!0-9]/}" "$cuda_build/unit_tests/kpa-unit-tests" \
-  "$cuda_build/perf_tests/kpa-bench" "$(readlink -f "$cuda_build/libkpa.so")"
+log "PyTorch operators' CUDA extension: built against torch 2.13 and the CUDA build"
+BUILD_DIR=$cuda_build "$repo/scripts/python.sh" --torch2
+cuda_venv=$cuda_build/python-venv-torch2
+package=$("$cuda_venv/bin/python" -c 'import kpa, os; assert kpa.built_for_cuda, "not a CUDA extension"; print(os.path.dirname(kpa.__file__))')
+objdump -p "$package"/_torch_ops*.so | grep -q 'NEEDED.*libc10_cuda' ||
+  { log "the extension does not link torch's CUDA library"; exit 1; }
+python3 "$repo/scripts/check_device_code.py" --arch "${arch//[!0-9]/}" --no-constant-memory-launch \
+  "$cuda_build/unit_tests/kpa-unit-tests" "$cuda_build/perf_tests/kpa-bench" "$(readlink -f "$cuda_build/libkpa.so")" \
+  "$(ls "$package"/libkpa.so.* | head -n1)"
 gpu_sm=$("$repo/scripts/gpu-sm.sh")
 build_sm=${arch//[!0-9]/}
 if [ -n "$gpu_sm" ] && [ "${gpu_sm:0:1}" = "${build_sm:0:1}" ]; then
-  log "GPU found: running the CUDA build's tests"
+  log "GPU found: running the CUDA build's tests and the pytest suite on CUDA tensors"
   (cd "$cuda_build" && OMP_NUM_THREADS=2 OMP_PROC_BIND=false ctest -j 2 --output-on-failure)
+  (cd "$repo/python/tests" && KPA_TEST_DEVICE=cuda OMP_NUM_THREADS=2 OMP_PROC_BIND=false \
+    "$cuda_venv/bin/python" -m pytest -q -p no:cacheprovider)
 elif [ -n "$gpu_sm" ]; then
   # Kokkos 3.4.1 aborts on a GPU of another major version (see bootstrap-deps.sh).
   log "GPU sm_$gpu_sm found, but this build is for sm_$build_sm: its tests run through scripts/gpu-check.sh"

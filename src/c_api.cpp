@@ -1,6 +1,7 @@
-// The C ABI of include/kpa/kpa.h: raw pointers wrapped as unmanaged Views of the default
-// execution space, the C++ entry points behind them, exceptions turned into status codes, and
-// every call run on the thread that owns Kokkos, whichever thread makes it.
+// The C ABI of include/kpa/kpa.h: raw pointers wrapped as unmanaged Views of the execution space
+// the calling thread chose (kpa_set_execution: the default space, on a stream of its own or not,
+// or the host back end), the C++ entry points behind them, exceptions turned into status codes,
+// and every call run on the thread that owns Kokkos, whichever thread makes it.
 
 #include <kpa/kpa.h>
 #include <kpa/kpa.hpp>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,10 +22,13 @@
 
 namespace {
 
-using Space = Kokkos::DefaultExecutionSpace;
-using Memory = Space::memory_space;
-template <class DataType>
-using Unmanaged = Kokkos::View<DataType, Kokkos::LayoutRight, Memory, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+using DefaultSpace = Kokkos::DefaultExecutionSpace;
+using HostSpace = Kokkos::DefaultHostExecutionSpace;
+/// Whether the host back end is another space than the default one (a GPU build).
+constexpr bool kSeparateHostSpace = !std::is_same_v<DefaultSpace, HostSpace>;
+template <class Space, class DataType>
+using Unmanaged = Kokkos::View<DataType, Kokkos::LayoutRight, typename Space::memory_space,
+                               Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
 template <class T>
 struct Tag {
@@ -32,6 +37,13 @@ struct Tag {
 
 thread_local std::string last_error;
 std::atomic<bool> check_indices{true};  // kpa_set_check_indices
+
+/// Where a thread's calls run (kpa_set_execution).
+struct Execution {
+  int memory = KPA_MEMORY_DEFAULT;  ///< a kpa_memory value
+  void* stream = nullptr;           ///< a cudaStream_t on GPU builds; nullptr: synchronous calls
+};
+thread_local Execution execution;
 
 /// A call's outcome, carried back to the calling thread (whose kpa_last_error reports it).
 struct Outcome {
@@ -131,8 +143,68 @@ enum class Owner { None, Kpa, Host };
 std::mutex lifetime_mutex;  // kpa_init and kpa_finalize
 std::atomic<Owner> owner{Owner::None};
 KokkosThread kokkos_thread;
-std::unique_ptr<kpa::Workspace<Space>> workspace;  // released before Kokkos finalises
-std::mutex workspace_mutex;                         // kpa_paged_attention callers share it
+std::mutex workspace_mutex;  // kpa_paged_attention callers share the workspaces
+
+/// The automatic entry points' workspace on `Space`, held under workspace_mutex and released
+/// before Kokkos finalises.
+template <class Space>
+std::unique_ptr<kpa::Workspace<Space>>& workspace_of() {
+  static std::unique_ptr<kpa::Workspace<Space>> workspace;
+  return workspace;
+}
+
+template <class Space>
+kpa::Workspace<Space>& workspace_for(const Space&) {
+  auto& workspace = workspace_of<Space>();
+  if (!workspace) workspace = std::make_unique<kpa::Workspace<Space>>();
+  return *workspace;
+}
+
+/// The instances of the default space that run on callers' streams, one per stream, made at a
+/// stream's first call (an instance allocates its own reduction and team scratch) and kept until
+/// Kokkos finalises. Only GPU builds have any.
+template <class Space>
+struct StreamInstances {
+  static Space of(void*) { return Space(); }
+  static void clear() {}
+};
+
+#ifdef KOKKOS_ENABLE_CUDA
+template <>
+struct StreamInstances<Kokkos::Cuda> {
+  static Kokkos::Cuda of(void* stream) {
+    const std::lock_guard<std::mutex> lock(mutex());
+    auto& map = instances();
+    auto found = map.find(stream);
+    if (found == map.end()) found = map.emplace(stream, Kokkos::Cuda(static_cast<cudaStream_t>(stream))).first;
+    return found->second;
+  }
+  static void clear() {
+    const std::lock_guard<std::mutex> lock(mutex());
+    instances().clear();
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<void*, Kokkos::Cuda>& instances() {
+    static std::map<void*, Kokkos::Cuda> map;
+    return map;
+  }
+};
+#endif
+
+/// What kpa holds on Kokkos' behalf, released before Kokkos finalises.
+void release_kokkos_resources() {
+  {
+    const std::lock_guard<std::mutex> workspace_lock(workspace_mutex);
+    workspace_of<DefaultSpace>().reset();
+    workspace_of<HostSpace>().reset();
+  }
+  StreamInstances<DefaultSpace>::clear();
+}
 
 /// Thrown for argument errors found by this layer itself.
 struct InvalidArgument : std::invalid_argument {
@@ -156,17 +228,37 @@ void require(const char* call, const char* name, const void* pointer, bool neede
   if (needed && pointer == nullptr) invalid(call, std::string(name) + " is NULL");
 }
 
-/// Runs `body` where Kokkos lives (the KokkosThread, or here when the host program owns Kokkos),
+/// Calls run(space) with the execution space instance `where` names.
+template <class Run>
+void on_space(const Execution& where, Run&& run) {
+  if constexpr (kSeparateHostSpace) {
+    if (where.memory == KPA_MEMORY_HOST) {
+      run(HostSpace());
+      return;
+    }
+  }
+  if (where.stream != nullptr) {
+    run(StreamInstances<DefaultSpace>::of(where.stream));
+  } else {
+    run(DefaultSpace());
+  }
+}
+
+/// Runs body(space) where Kokkos lives (the KokkosThread, or here when the host program owns
+/// Kokkos) on the space the calling thread chose, waits for it unless the thread gave a stream,
 /// turns exceptions into a status, and leaves the message for this thread's kpa_last_error.
 template <class Body>
 int guarded(Body&& body) {
+  const Execution where = execution;  // the calling thread's choice, whichever thread runs the call
   auto job = [&]() -> Outcome {
     try {
       if (!Kokkos::is_initialized()) {
         throw InvalidArgument(KPA_ERR_RUNTIME, "kpa: Kokkos is not initialised (call kpa_init first)");
       }
-      body();
-      Space().fence();
+      on_space(where, [&](const auto& space) {
+        body(space);
+        if (where.stream == nullptr) space.fence();
+      });
       return Outcome{};
     } catch (const InvalidArgument& e) {
       return Outcome{e.status, e.what()};
@@ -213,7 +305,7 @@ std::int64_t element_bytes(const char* call, int dtype) {
 template <class Run>
 void with_memory(const char* call, const char* name, const kpa_memory& memory, Run&& run) {
   switch (enum_value(memory)) {
-    case KPA_MEMORY_DEFAULT: run(Tag<Memory>{}); break;
+    case KPA_MEMORY_DEFAULT: run(Tag<DefaultSpace::memory_space>{}); break;
     case KPA_MEMORY_HOST: run(Tag<Kokkos::HostSpace>{}); break;
     default: invalid(call, std::string(name) + " = " + std::to_string(enum_value(memory)) + " is not a kpa_memory");
   }
@@ -266,9 +358,9 @@ struct CAttentionArgs {
   int64_t num_tokens = -1;  ///< rows of query / out (kpa_paged_attention_ex); < 0: num_seqs
 };
 
-/// Wraps the shared arguments as Views and hands them to `call_kpa`.
-template <class Body>
-void with_attention_views(const char* call, void* out, const CAttentionArgs& a, Body&& call_kpa) {
+/// Wraps the shared arguments as Views of `Space` and hands them to `call_kpa`.
+template <class Space, class Body>
+void with_attention_views(const char* call, const Space&, void* out, const CAttentionArgs& a, Body&& call_kpa) {
   const int seqs = to_int(call, "num_seqs", a.num_seqs);
   const int heads = to_int(call, "num_heads", a.num_heads, false);
   const int kv_heads = to_int(call, "num_kv_heads", a.num_kv_heads, false);
@@ -300,13 +392,15 @@ void with_attention_views(const char* call, void* out, const CAttentionArgs& a, 
     using C = typename decltype(c)::type;
     params.kv_cache_dtype = kv;
     const int x = static_cast<int>(16 / sizeof(C));
-    Unmanaged<T***> out_view(static_cast<T*>(out), rows, heads, head_size);
-    Unmanaged<const T***> query(static_cast<const T*>(a.query), rows, heads, head_size);
-    Unmanaged<const C*****> key_cache(static_cast<const C*>(a.key_cache), blocks, kv_heads, head_size / x, block_size, x);
-    Unmanaged<const C****> value_cache(static_cast<const C*>(a.value_cache), blocks, kv_heads, head_size, block_size);
-    Unmanaged<const int**> block_tables(a.block_tables, seqs, columns);
-    Unmanaged<const int*> seq_lens(a.seq_lens, seqs);
-    Unmanaged<const float*> alibi(a.alibi_slopes, a.alibi_slopes != nullptr ? heads : 0);
+    Unmanaged<Space, T***> out_view(static_cast<T*>(out), rows, heads, head_size);
+    Unmanaged<Space, const T***> query(static_cast<const T*>(a.query), rows, heads, head_size);
+    Unmanaged<Space, const C*****> key_cache(static_cast<const C*>(a.key_cache), blocks, kv_heads, head_size / x,
+                                             block_size, x);
+    Unmanaged<Space, const C****> value_cache(static_cast<const C*>(a.value_cache), blocks, kv_heads, head_size,
+                                              block_size);
+    Unmanaged<Space, const int**> block_tables(a.block_tables, seqs, columns);
+    Unmanaged<Space, const int*> seq_lens(a.seq_lens, seqs);
+    Unmanaged<Space, const float*> alibi(a.alibi_slopes, a.alibi_slopes != nullptr ? heads : 0);
     call_kpa(t, out_view, query, key_cache, value_cache, block_tables, seq_lens, max_seq_len, alibi, params);
   });
 }
@@ -321,10 +415,10 @@ int kpa_init(void) {
   if (owner.load() != Owner::None) return KPA_OK;
   if (Kokkos::is_initialized()) {  // the host program's Kokkos, used from its threads
     owner = Owner::Host;
-    // A host program that finalises Kokkos itself must not leave kpa's workspace behind.
+    // A host program that finalises Kokkos itself must not leave kpa's workspaces and stream
+    // instances behind.
     Kokkos::push_finalize_hook([] {
-      const std::lock_guard<std::mutex> workspace_lock(workspace_mutex);
-      workspace.reset();
+      release_kokkos_resources();
       owner = Owner::None;
     });
     return KPA_OK;
@@ -354,16 +448,12 @@ void kpa_finalize(void) {
   const std::lock_guard<std::mutex> lock(lifetime_mutex);
   if (owner.load() == Owner::Kpa) {
     kokkos_thread.stop([] {
-      {
-        const std::lock_guard<std::mutex> workspace_lock(workspace_mutex);
-        workspace.reset();
-      }
+      release_kokkos_resources();
       Kokkos::finalize();
       return Outcome{};
     });
   } else {
-    const std::lock_guard<std::mutex> workspace_lock(workspace_mutex);
-    workspace.reset();
+    release_kokkos_resources();
   }
   owner = Owner::None;
 }
@@ -373,7 +463,6 @@ const char* kpa_last_error(void) { return last_error.c_str(); }
 const char* kpa_version(void) { return kpa::version_string; }
 
 const char* kpa_host_isa(void) {
-  if constexpr (!Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) return "device";
   try {
     return kpa::to_string(kpa::detail::chosen_host_isa(kpa::detail::best_host_isa())).data();
   } catch (const kpa::Error& e) {  // a KPA_HOST_ISA this CPU cannot run
@@ -384,20 +473,40 @@ const char* kpa_host_isa(void) {
 
 int kpa_set_check_indices(int enabled) { return check_indices.exchange(enabled != 0) ? 1 : 0; }
 
+int kpa_check_indices(void) { return check_indices.load() ? 1 : 0; }
+
+int kpa_set_execution(kpa_memory memory, void* stream) {
+  const int where = enum_value(memory);
+  if (where != KPA_MEMORY_DEFAULT && where != KPA_MEMORY_HOST) {
+    last_error = "kpa_set_execution: memory = " + std::to_string(where) + " is not a kpa_memory";
+    return KPA_ERR_INVALID_ARGUMENT;
+  }
+  constexpr bool streams = !Kokkos::SpaceAccessibility<DefaultSpace, Kokkos::HostSpace>::accessible;
+  if (stream != nullptr && (!streams || (kSeparateHostSpace && where == KPA_MEMORY_HOST))) {
+    last_error = streams ? "kpa_set_execution: a stream is for KPA_MEMORY_DEFAULT (the GPU); host calls take none"
+                         : "kpa_set_execution: this libkpa was built for host back ends only and takes no stream";
+    return KPA_ERR_UNSUPPORTED;
+  }
+  execution = Execution{where, stream};
+  last_error.clear();
+  return KPA_OK;
+}
+
 int kpa_paged_attention_v1(void* out, const void* query, kpa_dtype dtype, const void* key_cache,
                            const void* value_cache, kpa_dtype cache_dtype, int64_t num_seqs, int64_t num_heads,
                            int64_t num_kv_heads, int64_t head_size, int64_t num_blocks, int64_t block_size,
                            const int32_t* block_tables, int64_t max_blocks_per_seq, const int32_t* seq_lens,
                            int64_t max_seq_len, float scale, const float* alibi_slopes, float k_scale, float v_scale,
                            int tp_rank, const kpa_block_sparse* block_sparse) {
-  return guarded([&] {
+  return guarded([&](const auto& space) {
+    using Space = std::decay_t<decltype(space)>;
     const CAttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
                              num_seqs,      num_heads,          num_kv_heads,  head_size,    num_blocks,
                              block_size,    block_tables,       max_blocks_per_seq, seq_lens, max_seq_len,
                              scale,         alibi_slopes,       k_scale,       v_scale,      tp_rank,
                              block_sparse};
-    with_attention_views("kpa_paged_attention_v1", out, args, [&](auto, auto&&... views) {
-      kpa::paged_attention_v1(Space(), views...);
+    with_attention_views("kpa_paged_attention_v1", space, out, args, [&](auto, auto&&... views) {
+      kpa::paged_attention_v1(space, views...);
     });
   });
 }
@@ -410,7 +519,8 @@ int kpa_paged_attention_v2(void* out, float* exp_sums, float* max_logits, void* 
                            int64_t max_seq_len, float scale, const float* alibi_slopes, float k_scale, float v_scale,
                            int tp_rank, const kpa_block_sparse* block_sparse) {
   constexpr const char* call = "kpa_paged_attention_v2";
-  return guarded([&] {
+  return guarded([&](const auto& space) {
+    using Space = std::decay_t<decltype(space)>;
     const int partitions = to_int(call, "max_num_partitions", max_num_partitions);
     const int partition = to_int(call, "partition_size", partition_size, false);
     const bool any = num_seqs > 0 && partitions > 0;
@@ -422,14 +532,14 @@ int kpa_paged_attention_v2(void* out, float* exp_sums, float* max_logits, void* 
                              block_size,    block_tables,       max_blocks_per_seq, seq_lens, max_seq_len,
                              scale,         alibi_slopes,       k_scale,       v_scale,      tp_rank,
                              block_sparse};
-    with_attention_views(call, out, args, [&](auto t, const auto& out_view, const auto& query_view, const auto& kc,
-                                              const auto& vc, const auto& bt, const auto& sl, int max_len,
-                                              const auto& alibi, const kpa::AttentionParams& params) {
+    with_attention_views(call, space, out, args, [&](auto t, const auto& out_view, const auto& query_view,
+                                                     const auto& kc, const auto& vc, const auto& bt, const auto& sl,
+                                                     int max_len, const auto& alibi, const kpa::AttentionParams& params) {
       using T = typename decltype(t)::type;
       const auto seqs = out_view.extent(0), heads = out_view.extent(1), size = out_view.extent(2);
-      Unmanaged<float***> sums(exp_sums, seqs, heads, partitions), maxes(max_logits, seqs, heads, partitions);
-      Unmanaged<T****> tmp(static_cast<T*>(tmp_out), seqs, heads, partitions, size);
-      kpa::paged_attention_v2(Space(), out_view, sums, maxes, tmp, query_view, kc, vc, bt, sl, max_len, alibi, params,
+      Unmanaged<Space, float***> sums(exp_sums, seqs, heads, partitions), maxes(max_logits, seqs, heads, partitions);
+      Unmanaged<Space, T****> tmp(static_cast<T*>(tmp_out), seqs, heads, partitions, size);
+      kpa::paged_attention_v2(space, out_view, sums, maxes, tmp, query_view, kc, vc, bt, sl, max_len, alibi, params,
                               partition);
     });
   });
@@ -441,16 +551,16 @@ int kpa_paged_attention(void* out, const void* query, kpa_dtype dtype, const voi
                         int64_t max_blocks_per_seq, const int32_t* seq_lens, int64_t max_seq_len, float scale,
                         const float* alibi_slopes, float k_scale, float v_scale, int tp_rank,
                         const kpa_block_sparse* block_sparse) {
-  return guarded([&] {
+  return guarded([&](const auto& space) {
+    using Space = std::decay_t<decltype(space)>;
     const std::lock_guard<std::mutex> lock(workspace_mutex);
-    if (!workspace) workspace = std::make_unique<kpa::Workspace<Space>>();
     const CAttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
                              num_seqs,      num_heads,          num_kv_heads,  head_size,    num_blocks,
                              block_size,    block_tables,       max_blocks_per_seq, seq_lens, max_seq_len,
                              scale,         alibi_slopes,       k_scale,       v_scale,      tp_rank,
                              block_sparse};
-    with_attention_views("kpa_paged_attention", out, args, [&](auto, auto&&... views) {
-      kpa::paged_attention(Space(), *workspace, views...);
+    with_attention_views("kpa_paged_attention", space, out, args, [&](auto, auto&&... views) {
+      kpa::paged_attention(space, workspace_for(space), views...);
     });
   });
 }
@@ -470,7 +580,8 @@ int kpa_paged_attention_ex(void* out, const void* query, kpa_dtype dtype, const 
                            const int32_t* block_tables, int64_t max_blocks_per_seq, const int32_t* seq_lens,
                            int64_t max_seq_len, const kpa_attention_options* options) {
   constexpr const char* call = "kpa_paged_attention_ex";
-  return guarded([&] {
+  return guarded([&](const auto& space) {
+    using Space = std::decay_t<decltype(space)>;
     kpa_attention_options defaults;
     kpa_attention_options_init(&defaults);
     if (options != nullptr && options->struct_size != sizeof(kpa_attention_options)) {
@@ -494,18 +605,17 @@ int kpa_paged_attention_ex(void* out, const void* query, kpa_dtype dtype, const 
                        o.block_sparse};
     args.num_tokens = rows;
     const std::lock_guard<std::mutex> lock(workspace_mutex);
-    if (!workspace) workspace = std::make_unique<kpa::Workspace<Space>>();
-    with_attention_views(call, out, args, [&](auto, const auto& out_view, const auto& query_view, const auto& kc,
-                                              const auto& vc, const auto& bt, const auto& sl, int max_len,
-                                              const auto& alibi, kpa::AttentionParams params) {
+    with_attention_views(call, space, out, args, [&](auto, const auto& out_view, const auto& query_view,
+                                                     const auto& kc, const auto& vc, const auto& bt, const auto& sl,
+                                                     int max_len, const auto& alibi, kpa::AttentionParams params) {
       params.logits_soft_cap = o.logits_soft_cap;
       params.sliding_window = o.sliding_window;
       params.check_indices = o.check_indices != 0;
       kpa::AttentionExtras<Space> extras;
-      if (several) extras.query_start_loc = Unmanaged<const int*>(o.query_start_loc, seqs + 1);
-      if (o.sinks != nullptr) extras.sinks = Unmanaged<const float*>(o.sinks, heads);
-      if (o.lse != nullptr) extras.lse = Unmanaged<float**>(o.lse, rows, heads);
-      kpa::paged_attention(Space(), *workspace, out_view, query_view, kc, vc, bt, sl, max_len, alibi, params, extras);
+      if (several) extras.query_start_loc = Unmanaged<Space, const int*>(o.query_start_loc, seqs + 1);
+      if (o.sinks != nullptr) extras.sinks = Unmanaged<Space, const float*>(o.sinks, heads);
+      if (o.lse != nullptr) extras.lse = Unmanaged<Space, float**>(o.lse, rows, heads);
+      kpa::paged_attention(space, workspace_for(space), out_view, query_view, kc, vc, bt, sl, max_len, alibi, params, extras);
     });
   });
 }
@@ -514,7 +624,8 @@ int kpa_merge_attn_states(void* out, float* out_lse, const void* prefix_out, con
                           const void* suffix_out, const float* suffix_lse, kpa_dtype dtype, int64_t num_tokens,
                           int64_t num_heads, int64_t head_size) {
   constexpr const char* call = "kpa_merge_attn_states";
-  return guarded([&] {
+  return guarded([&](const auto& space) {
+    using Space = std::decay_t<decltype(space)>;
     const int tokens = to_int(call, "num_tokens", num_tokens);
     const int heads = to_int(call, "num_heads", num_heads, false);
     const int size = to_int(call, "head_size", head_size, false);
@@ -526,12 +637,12 @@ int kpa_merge_attn_states(void* out, float* out_lse, const void* prefix_out, con
     require(call, "suffix_lse", suffix_lse, any);
     auto merge = [&](auto t) {
       using T = typename decltype(t)::type;
-      Unmanaged<float**> lse(out_lse, out_lse != nullptr ? tokens : 0, heads);
-      kpa::merge_attn_states(Space(), Unmanaged<T***>(static_cast<T*>(out), tokens, heads, size), lse,
-                             Unmanaged<const T***>(static_cast<const T*>(prefix_out), tokens, heads, size),
-                             Unmanaged<const float**>(prefix_lse, tokens, heads),
-                             Unmanaged<const T***>(static_cast<const T*>(suffix_out), tokens, heads, size),
-                             Unmanaged<const float**>(suffix_lse, tokens, heads));
+      Unmanaged<Space, float**> lse(out_lse, out_lse != nullptr ? tokens : 0, heads);
+      kpa::merge_attn_states(space, Unmanaged<Space, T***>(static_cast<T*>(out), tokens, heads, size), lse,
+                             Unmanaged<Space, const T***>(static_cast<const T*>(prefix_out), tokens, heads, size),
+                             Unmanaged<Space, const float**>(prefix_lse, tokens, heads),
+                             Unmanaged<Space, const T***>(static_cast<const T*>(suffix_out), tokens, heads, size),
+                             Unmanaged<Space, const float**>(suffix_lse, tokens, heads));
     };
     switch (dtype_value(dtype)) {
       case KPA_F32: merge(Tag<float>{}); break;
@@ -547,7 +658,8 @@ int kpa_reshape_and_cache(const void* key, const void* value, kpa_dtype dtype, v
                           int64_t num_blocks, int64_t block_size, const int64_t* slot_mapping, float k_scale,
                           float v_scale) {
   constexpr const char* call = "kpa_reshape_and_cache";
-  return guarded([&] {
+  return guarded([&](const auto& space) {
+    using Space = std::decay_t<decltype(space)>;
     const int tokens = to_int(call, "num_tokens", num_tokens);
     const int kv_heads = to_int(call, "num_kv_heads", num_kv_heads, false);
     const int size = to_int(call, "head_size", head_size, false);
@@ -562,12 +674,12 @@ int kpa_reshape_and_cache(const void* key, const void* value, kpa_dtype dtype, v
       using T = typename decltype(t)::type;
       using C = typename decltype(c)::type;
       const int x = static_cast<int>(16 / sizeof(C));
-      Unmanaged<const T***> k(static_cast<const T*>(key), tokens, kv_heads, size);
-      Unmanaged<const T***> v(static_cast<const T*>(value), tokens, kv_heads, size);
-      Unmanaged<C*****> kc(static_cast<C*>(key_cache), blocks, kv_heads, size / x, bs, x);
-      Unmanaged<C****> vc(static_cast<C*>(value_cache), blocks, kv_heads, size, bs);
-      Unmanaged<const std::int64_t*> slots(reinterpret_cast<const std::int64_t*>(slot_mapping), tokens);
-      kpa::reshape_and_cache(Space(), k, v, kc, vc, slots, kv, k_scale, v_scale);
+      Unmanaged<Space, const T***> k(static_cast<const T*>(key), tokens, kv_heads, size);
+      Unmanaged<Space, const T***> v(static_cast<const T*>(value), tokens, kv_heads, size);
+      Unmanaged<Space, C*****> kc(static_cast<C*>(key_cache), blocks, kv_heads, size / x, bs, x);
+      Unmanaged<Space, C****> vc(static_cast<C*>(value_cache), blocks, kv_heads, size, bs);
+      Unmanaged<Space, const std::int64_t*> slots(reinterpret_cast<const std::int64_t*>(slot_mapping), tokens);
+      kpa::reshape_and_cache(space, k, v, kc, vc, slots, kv, k_scale, v_scale, check_indices.load());
     });
   });
 }
@@ -575,7 +687,8 @@ int kpa_reshape_and_cache(const void* key, const void* value, kpa_dtype dtype, v
 int kpa_copy_blocks(void* const* key_caches, void* const* value_caches, int64_t num_layers, kpa_dtype cache_dtype,
                     int64_t num_blocks, int64_t block_elems, const int64_t* block_mapping, int64_t num_pairs) {
   constexpr const char* call = "kpa_copy_blocks";
-  return guarded([&] {
+  return guarded([&](const auto& space) {
+    using Space = std::decay_t<decltype(space)>;
     const int layers = to_int(call, "num_layers", num_layers);
     const int blocks = to_int(call, "num_blocks", num_blocks);
     if (block_elems < 1) invalid(call, "block_elems = " + std::to_string(block_elems) + " is not positive");
@@ -587,14 +700,15 @@ int kpa_copy_blocks(void* const* key_caches, void* const* value_caches, int64_t 
     // A block is copied bit for bit: as unsigned words of the element's size, never as floats.
     auto copy = [&](auto word) {
       using W = typename decltype(word)::type;
-      std::vector<Unmanaged<W**>> keys, values;
+      std::vector<Unmanaged<Space, W**>> keys, values;
       for (int layer = 0; layer < layers; ++layer) {
         require(call, ("key_caches[" + std::to_string(layer) + "]").c_str(), key_caches[layer], blocks > 0);
         require(call, ("value_caches[" + std::to_string(layer) + "]").c_str(), value_caches[layer], blocks > 0);
         keys.emplace_back(static_cast<W*>(key_caches[layer]), blocks, block_elems);
         values.emplace_back(static_cast<W*>(value_caches[layer]), blocks, block_elems);
       }
-      kpa::copy_blocks(Space(), keys, values, Unmanaged<const std::int64_t**>(block_mapping, pairs, 2));
+      kpa::copy_blocks(space, keys, values, Unmanaged<Space, const std::int64_t**>(block_mapping, pairs, 2),
+                       check_indices.load());
     };
     switch (bytes) {
       case 4: copy(Tag<std::uint32_t>{}); break;
@@ -608,7 +722,8 @@ int kpa_swap_blocks(const void* src_cache, kpa_memory src_memory, int64_t src_nu
                     kpa_memory dst_memory, int64_t dst_num_blocks, int64_t block_bytes, const int64_t* block_mapping,
                     int64_t num_pairs) {
   constexpr const char* call = "kpa_swap_blocks";
-  return guarded([&] {
+  return guarded([&](const auto& space) {
+    using Space = std::decay_t<decltype(space)>;
     const int src_blocks = to_int(call, "src_num_blocks", src_num_blocks);
     const int dst_blocks = to_int(call, "dst_num_blocks", dst_num_blocks);
     if (block_bytes < 1) invalid(call, "block_bytes = " + std::to_string(block_bytes) + " is not positive");
@@ -623,7 +738,7 @@ int kpa_swap_blocks(const void* src_cache, kpa_memory src_memory, int64_t src_nu
         using Src = Kokkos::View<const Byte**, Kokkos::LayoutRight, typename decltype(src_space)::type, Traits>;
         using Dst = Kokkos::View<Byte**, Kokkos::LayoutRight, typename decltype(dst_space)::type, Traits>;
         using HostMapping = Kokkos::View<const std::int64_t**, Kokkos::LayoutRight, Kokkos::HostSpace, Traits>;
-        kpa::swap_blocks(Space(), Src(static_cast<const Byte*>(src_cache), src_blocks, block_bytes),
+        kpa::swap_blocks(space, Src(static_cast<const Byte*>(src_cache), src_blocks, block_bytes),
                          Dst(static_cast<Byte*>(dst_cache), dst_blocks, block_bytes),
                          HostMapping(block_mapping, pairs, 2));
       });

@@ -26,6 +26,8 @@ lib.kpa_paged_attention.argtypes = [P, P] + ATTENTION
 lib.kpa_paged_attention_v2.argtypes = [P, P, P, P, I64, I64, P] + ATTENTION
 lib.kpa_reshape_and_cache.argtypes = [P, P, I, P, P, I, I64, I64, I64, I64, I64, P, F, F]
 lib.kpa_set_check_indices.argtypes = [I]
+lib.kpa_set_execution.argtypes = [I, P]
+KPA_MEMORY_DEFAULT, KPA_MEMORY_HOST = range(2)
 
 
 class Options(ctypes.Structure):
@@ -41,7 +43,7 @@ lib.kpa_paged_attention_ex.argtypes = [P, P, I, P, P, I, I64, I64, I64, I64, I64
                                        ctypes.POINTER(Options)]
 lib.kpa_merge_attn_states.argtypes = [P, P, P, P, P, P, I, I64, I64, I64]
 for name in ("kpa_paged_attention_v1", "kpa_paged_attention_v2", "kpa_paged_attention", "kpa_reshape_and_cache",
-             "kpa_set_check_indices", "kpa_paged_attention_ex", "kpa_merge_attn_states"):
+             "kpa_set_check_indices", "kpa_set_execution", "kpa_paged_attention_ex", "kpa_merge_attn_states"):
     getattr(lib, name).restype = I
 
 
@@ -371,6 +373,46 @@ args[10] = ptr(block_tables)
 check(lib.kpa_paged_attention(ptr(out), ptr(query), *args) == KPA_OK, "unchecked call")
 check(np.abs(out.astype(np.float64) - reference(keys, values)).max() < 1e-3, "unchecked call result")
 check(lib.kpa_set_check_indices(1) == 0, "kpa_set_check_indices returns the previous setting")
+
+# kpa_set_execution: the calling thread's calls on the host back end with host pointers (on a
+# CUDA build, its OpenMP or Serial back end; on a CPU build the default), and on a CUDA build on a
+# stream of the caller's, with device pointers and no wait inside the call.
+raw = lib.cdll if device is not None else lib
+check(raw.kpa_set_execution(7, None) == KPA_ERR_INVALID_ARGUMENT, "kpa_set_execution refuses a bad kpa_memory")
+check(raw.kpa_set_execution(KPA_MEMORY_HOST, None) == KPA_OK, "kpa_set_execution(KPA_MEMORY_HOST)")
+host_args = [a.ctypes.data_as(ctypes.c_void_p) if isinstance(a, np.ndarray) else a
+             for a in [query, KPA_F16, key_cache, value_cache, KPA_F16, seqs, heads, kv_heads, head, num_blocks,
+                       block, block_tables, max_blocks, seq_lens, 128, scale, None, 1.0, 1.0, 0, None]]
+for name in ("kpa_paged_attention_v1", "kpa_paged_attention"):
+    host_out = np.full((seqs, heads, head), np.nan, dtype=np.float16)
+    status = getattr(raw, name)(host_out.ctypes.data_as(ctypes.c_void_p), *host_args)
+    error = np.abs(host_out.astype(np.float64) - reference(keys, values)).max()
+    check(status == KPA_OK and error < 1e-3, f"{name} on the host back end with host pointers: {status}, {error}")
+check(raw.kpa_set_execution(KPA_MEMORY_HOST, ctypes.c_void_p(1)) == KPA_ERR_UNSUPPORTED,
+      "a stream with KPA_MEMORY_HOST is refused")
+if device is None:
+    check(raw.kpa_set_execution(KPA_MEMORY_DEFAULT, ctypes.c_void_p(1)) == KPA_ERR_UNSUPPORTED,
+          "a stream on a build without a GPU back end is refused")
+else:
+    torch = device.torch
+    stream = torch.cuda.Stream()
+    check(raw.kpa_set_execution(KPA_MEMORY_DEFAULT, ctypes.c_void_p(stream.cuda_stream)) == KPA_OK,
+          "kpa_set_execution with a CUDA stream")
+    out_gpu = torch.full((seqs, heads, head), float("nan"), dtype=torch.float16, device="cuda")
+    device_args = [torch.from_numpy(np.ascontiguousarray(a)).cuda() if isinstance(a, np.ndarray) else a
+                   for a in [query, KPA_F16, key_cache, value_cache, KPA_F16, seqs, heads, kv_heads, head,
+                             num_blocks, block, block_tables, max_blocks, seq_lens, 128, scale, None, 1.0, 1.0, 0,
+                             None]]
+    torch.cuda.synchronize()
+    raw.kpa_set_check_indices(0)
+    with torch.cuda.stream(stream):
+        status = raw.kpa_paged_attention_v1(out_gpu.data_ptr(), *[a.data_ptr() if torch.is_tensor(a) else a
+                                                                  for a in device_args])
+    raw.kpa_set_check_indices(1)
+    stream.synchronize()
+    error = np.abs(out_gpu.cpu().numpy().astype(np.float64) - reference(keys, values)).max()
+    check(status == KPA_OK and error < 1e-3, f"kpa_paged_attention_v1 on a CUDA stream: {status}, {error}")
+check(raw.kpa_set_execution(KPA_MEMORY_DEFAULT, None) == KPA_OK, "back to the default execution")
 
 lib.kpa_finalize()
 print(f"{passed} passed, {failed} failed")

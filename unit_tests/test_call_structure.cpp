@@ -1,7 +1,8 @@
-// What a call launches, recorded through Kokkos Tools callbacks: with params.check_indices off a
-// call is its attention kernels and nothing else (no index check, no copy between memory spaces,
-// so on a GPU nothing waits for the device and the call can be captured in a CUDA graph); with it
-// on, exactly one index-check reduction comes first.
+// What a call launches, recorded through Kokkos Tools callbacks: with the index check off
+// (params.check_indices, or the last argument of the cache operations) a call is its kernels and
+// nothing else (no index check, no copy between memory spaces, so on a GPU nothing waits for the
+// device and the call can be captured in a CUDA graph); with it on, exactly one index-check
+// reduction comes first.
 
 #include "attention_runner.hpp"
 #include "test_spaces.hpp"
@@ -88,6 +89,29 @@ TYPED_TEST(CallStructure, UncheckedCallsLaunchTheirKernelsOnly) {
   EXPECT_EQ(record([&] { automatic(checked, whole); }),
             (Events{"reduce kpa::check_indices", "for kpa::paged_attention::single_partition"}));
   expect_close_to_reference<kpa::half>(d.out, reference_attention(p), "after the recorded calls");
+}
+
+TYPED_TEST(CallStructure, UncheckedCacheOperationsLaunchTheirKernelsOnly) {
+  using Space = TypeParam;
+  using Memory = typename Space::memory_space;
+  using Layout = Kokkos::LayoutRight;
+  Kokkos::View<kpa::half***, Layout, Memory> keys("keys", 4, 2, 64);
+  Kokkos::View<kpa::half*****, Layout, Memory> key_cache("key_cache", 3, 2, 8, 16, 8);
+  Kokkos::View<kpa::half****, Layout, Memory> value_cache("value_cache", 3, 2, 64, 16);
+  Kokkos::View<std::int64_t*, Layout, Memory> slots("slots", 4);
+  Kokkos::View<std::int64_t**, Layout, Memory> mapping("mapping", 1, 2);
+  const auto cache = [&](bool check) {
+    kpa::reshape_and_cache(Space(), keys, keys, key_cache, value_cache, slots, kpa::KVCacheDType::Auto, 1.0f, 1.0f,
+                           check);
+  };
+  const auto copy = [&](bool check) {
+    kpa::copy_blocks(Space(), std::vector{key_cache}, std::vector{value_cache}, mapping, check);
+  };
+  EXPECT_EQ(record([&] { cache(false); }), Events{"for kpa::reshape_and_cache"});
+  EXPECT_EQ(record([&] { cache(true); }), (Events{"reduce kpa::check_slot_mapping", "for kpa::reshape_and_cache"}));
+  EXPECT_EQ(record([&] { copy(false); }), (Events{"for kpa::copy_blocks", "for kpa::copy_blocks"}));
+  EXPECT_EQ(record([&] { copy(true); }),
+            (Events{"reduce kpa::check_block_mapping", "for kpa::copy_blocks", "for kpa::copy_blocks"}));
 }
 
 }  // namespace

@@ -107,11 +107,12 @@ void copy_blocks_of(const Space& space, const CacheView& cache, const MappingVie
 /// token t goes to slot slot_mapping[t] (block slot / block_size, offset slot % block_size);
 /// a negative slot is padding and is skipped. "auto" caches (the key's element type) receive
 /// exact copies; fp8 caches (std::uint8_t) receive round-to-nearest-even(value / scale),
-/// saturated to the format's largest finite value.
+/// saturated to the format's largest finite value. With `check_indices` a kernel checks every
+/// slot first and the call waits for it; without, the call only enqueues the copy.
 template <class Space, class KeyView, class ValueView, class KeyCacheView, class ValueCacheView, class SlotView>
 void reshape_and_cache(const Space& space, const KeyView& key, const ValueView& value, const KeyCacheView& key_cache,
                        const ValueCacheView& value_cache, const SlotView& slot_mapping, KVCacheDType kv_cache_dtype,
-                       float k_scale = 1.0f, float v_scale = 1.0f) {
+                       float k_scale = 1.0f, float v_scale = 1.0f, bool check_indices = true) {
   constexpr const char* call = "kpa::reshape_and_cache";
   using T = typename KeyView::non_const_value_type;
   using C = typename KeyCacheView::non_const_value_type;
@@ -143,7 +144,9 @@ void reshape_and_cache(const Space& space, const KeyView& key, const ValueView& 
   if (static_cast<std::int64_t>(slot_mapping.extent(0)) != num_tokens) {
     detail::fail(call, "slot_mapping has ", slot_mapping.extent(0), " entries, expected num_tokens = ", num_tokens);
   }
-  detail::check_slot_mapping(call, space, slot_mapping, static_cast<std::int64_t>(cache.num_blocks) * cache.block_size);
+  if (check_indices) {
+    detail::check_slot_mapping(call, space, slot_mapping, static_cast<std::int64_t>(cache.num_blocks) * cache.block_size);
+  }
   const std::int64_t per_token = static_cast<std::int64_t>(num_kv_heads) * head_size;
   detail::with_cache_storage<C>(kv_cache_dtype, [&](auto storage) {
     using S = typename decltype(storage)::type;  // T itself for "auto" caches
@@ -157,10 +160,12 @@ void reshape_and_cache(const Space& space, const KeyView& key, const ValueView& 
 
 /// vLLM's copy_blocks: for every layer l and every pair (src, dst) of block_mapping
 /// ([pairs][2] int64, accessible from `space`), block dst of key_caches[l] and value_caches[l]
-/// becomes a copy of block src.
+/// becomes a copy of block src. With `check_indices` a kernel checks the mapping first and the
+/// call waits for it; without, the call only enqueues the copies.
 template <class Space, class KeyCacheView, class ValueCacheView, class MappingView>
 void copy_blocks(const Space& space, const std::vector<KeyCacheView>& key_caches,
-                 const std::vector<ValueCacheView>& value_caches, const MappingView& block_mapping) {
+                 const std::vector<ValueCacheView>& value_caches, const MappingView& block_mapping,
+                 bool check_indices = true) {
   constexpr const char* call = "kpa::copy_blocks";
   static_assert(Kokkos::SpaceAccessibility<Space, typename MappingView::memory_space>::accessible,
                 "block_mapping must be accessible from the execution space");
@@ -176,7 +181,7 @@ void copy_blocks(const Space& space, const std::vector<KeyCacheView>& key_caches
     }
     num_blocks = std::min<std::int64_t>(num_blocks, key_caches[layer].extent(0));
   }
-  detail::check_block_mapping(call, space, block_mapping, num_blocks, num_blocks);
+  if (check_indices) detail::check_block_mapping(call, space, block_mapping, num_blocks, num_blocks);
   for (std::size_t layer = 0; layer < key_caches.size(); ++layer) {
     detail::copy_blocks_of(space, key_caches[layer], block_mapping);
     detail::copy_blocks_of(space, value_caches[layer], block_mapping);

@@ -1,7 +1,8 @@
 /* kpa C ABI: paged attention for LLM decode, callable from C and through dlopen (Python ctypes,
  * Julia, Rust, ...). Exported by libkpa.so.
  *
- * - Pointers address the default Kokkos execution space's memory (host memory on CPU builds,
+ * - Pointers address the memory of the execution space the calling thread chose with
+ *   kpa_set_execution: by default the default Kokkos execution space's (host memory on CPU builds,
  *   device memory on CUDA builds); layouts are vLLM's, contiguous:
  *     out, query       [num_seqs][num_heads][head_size]
  *     key_cache        [num_blocks][num_kv_heads][head_size / x][block_size][x], x = 16 / element size
@@ -14,8 +15,9 @@
  *   kpa_paged_attention_ex with query_start_loc: out and query [num_tokens][num_heads][head_size],
  *   lse [num_tokens][num_heads] float, query_start_loc [num_seqs + 1] int32.
  * - cache_dtype equals dtype for "auto" caches; KPA_FP8_E4M3 / KPA_FP8_E5M2 for one-byte caches.
- * - Calls are synchronous. 0 (KPA_OK) is success; otherwise a kpa_status, with a message from
- *   kpa_last_error() (per thread, valid until the thread's next kpa call).
+ * - Calls are synchronous unless the calling thread gave a stream (kpa_set_execution). 0 (KPA_OK)
+ *   is success; otherwise a kpa_status, with a message from kpa_last_error() (per thread, valid
+ *   until the thread's next kpa call).
  * - Threads: after kpa_init, any thread may call, concurrently: when kpa_init started Kokkos, it
  *   did so on a thread of its own, which runs every call in turn (Kokkos' host back ends accept
  *   parallel work only from the thread that initialised them). When the host program initialised
@@ -41,7 +43,7 @@ typedef enum {
   KPA_ERR_RUNTIME = 3
 } kpa_status;
 
-/* Where a cache passed to kpa_swap_blocks lives. */
+/* A memory space: the default execution space's, or the host's (the same on CPU builds). */
 typedef enum { KPA_MEMORY_DEFAULT = 0 /* the default execution space's memory */, KPA_MEMORY_HOST = 1 } kpa_memory;
 
 typedef struct {
@@ -54,16 +56,38 @@ int kpa_init(void);
 void kpa_finalize(void);
 const char* kpa_last_error(void);
 const char* kpa_version(void);
-/* The instruction set of the host kernels the attention calls run: "avx512vbmi", "avx512",
- * "avx2" or "portable", the best this CPU has whatever flags the library was built with (KPA_HOST_ISA may
- * name a lesser one); "device" when the default execution space is a GPU. */
+/* The instruction set of the host kernels (the attention calls on a host back end: every call of
+ * a CPU build, KPA_MEMORY_HOST calls of a GPU build): "avx512vbmi", "avx512", "avx2" or
+ * "portable", the best this CPU has whatever flags the library was built with (KPA_HOST_ISA may
+ * name a lesser one). */
 const char* kpa_host_isa(void);
 
-/* Whether the attention calls check seq_lens and block_tables before launching (nonzero, the
- * default) or trust them (0). The check is a kernel plus one small copy back to the host; without
- * it a call enqueues its kernels and synchronises only at its end. Applies to every thread's
- * later calls; returns the previous setting. */
+/* Whether calls check the indices they follow before launching (nonzero, the default) or trust
+ * them (0): seq_lens and block_tables (attention), slot_mapping (kpa_reshape_and_cache),
+ * block_mapping (kpa_copy_blocks). The check is a kernel plus one small copy back to the host;
+ * without it a call only enqueues its kernels (and waits for them at its end unless the thread
+ * gave a stream). Applies to every thread's later calls; returns the previous setting.
+ * kpa_paged_attention_ex takes its own setting from its options. */
 int kpa_set_check_indices(int enabled);
+/* The current setting of kpa_set_check_indices (1 or 0). */
+int kpa_check_indices(void);
+
+/* Where the calling thread's later calls run (until it calls again; every thread starts with
+ * KPA_MEMORY_DEFAULT, NULL):
+ * - memory KPA_MEMORY_DEFAULT: on the default execution space, pointers into its memory;
+ *   KPA_MEMORY_HOST: on the host back end, pointers into host memory (on a CUDA build, CPU data;
+ *   on a CPU build the same as the default).
+ * - stream NULL: each call waits for its kernels before it returns. A cudaStream_t (CUDA builds,
+ *   KPA_MEMORY_DEFAULT only): calls enqueue their kernels on that stream and return without
+ *   waiting for them; with the index check off (kpa_set_check_indices, check_indices) nothing in
+ *   kpa_paged_attention_v1/_v2, kpa_reshape_and_cache or kpa_copy_blocks waits for the GPU, so
+ *   they can be captured in a CUDA graph. A stream's first call sets up kpa's state for it
+ *   (device allocations): make it before a capture. The caller keeps the stream alive until
+ *   kpa_finalize.
+ * Returns KPA_ERR_UNSUPPORTED for a stream on a build without a GPU back end or with
+ * KPA_MEMORY_HOST; kpa_swap_blocks takes each cache's memory as its own arguments and runs on the
+ * thread's stream. */
+int kpa_set_execution(kpa_memory memory, void* stream);
 
 int kpa_paged_attention_v1(void* out, const void* query, kpa_dtype dtype, const void* key_cache,
                            const void* value_cache, kpa_dtype cache_dtype, int64_t num_seqs, int64_t num_heads,

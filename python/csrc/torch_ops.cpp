@@ -4,8 +4,11 @@
 // kpa's status codes into Python exceptions: ValueError for bad arguments, NotImplementedError
 // for what kpa does not support, RuntimeError otherwise.
 //
-// CPU tensors run on the default Kokkos execution space of a host build of kpa (OpenMP). The
-// same checks run for meta tensors (shape propagation under tracing) without touching data.
+// CPU tensors run on kpa's host back end (OpenMP), in a host build of libkpa and in a CUDA build
+// alike. Built against a CUDA build of libkpa (KPA_TORCH_CUDA), CUDA tensors run on Kokkos::Cuda
+// on torch's current stream, without waiting for the GPU unless an index check or an fp8 scale
+// held on the GPU needs a value back. The same checks run for meta tensors (torch's fake
+// tensors: shape propagation under tracing and torch.compile) without touching data.
 
 #include <kpa/kpa.h>
 
@@ -13,8 +16,13 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#ifdef KPA_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -24,11 +32,23 @@ namespace {
 /// vLLM's PARTITION_SIZE: paged_attention_v2 splits every sequence into partitions of 512 tokens.
 constexpr int64_t kPartitionSize = 512;
 
+/// The GPU kpa runs on: Kokkos (3.4 and later) drives one device per process, chosen when kpa
+/// initialises it. Unless KOKKOS_DEVICE_ID says otherwise, that is torch's current device then.
+[[maybe_unused]] int kpa_gpu = -1;
+
 void ensure_initialised() {
   static std::once_flag once;
   static int status = KPA_OK;
   static std::string message;
   std::call_once(once, [] {
+#ifdef KPA_TORCH_CUDA
+    if (const char* chosen = std::getenv("KOKKOS_DEVICE_ID")) {
+      kpa_gpu = std::atoi(chosen);
+    } else if (at::cuda::is_available()) {
+      kpa_gpu = at::cuda::current_device();
+      setenv("KOKKOS_DEVICE_ID", std::to_string(kpa_gpu).c_str(), 0);
+    }
+#endif
     status = kpa_init();
     if (status != KPA_OK) message = kpa_last_error();
   });
@@ -101,25 +121,28 @@ int64_t element_bytes(kpa_dtype dtype) { return dtype == KPA_F32 ? 4 : dtype == 
 
 /// A 0-d or one-element float scale (vLLM passes k_scale / v_scale as tensors).
 void expect_scale(const char* op, const char* name, const at::Tensor& scale) {
-  TORCH_CHECK_VALUE(scale.numel() == 1 && at::isFloatingType(scale.scalar_type()), op, ": ", name,
+  TORCH_CHECK_VALUE(scale.sym_numel() == 1 && at::isFloatingType(scale.scalar_type()), op, ": ", name,
                     " must hold one floating-point value (shape ", shape_of(scale), ", ", scale.scalar_type(), ")");
 }
 
-float scale_value(const at::Tensor& scale) {
-  // item() goes through the dispatcher; a CPU float32 scale is read in place.
-  if (scale.device().is_cpu() && scale.scalar_type() == at::kFloat) return *scale.data_ptr<float>();
-  return scale.item<float>();
-}
+
 
 void expect_index_type(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK_VALUE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, ": ", name,
                     " must be int32 or int64, not ", t.scalar_type());
 }
 
+/// Whether kpa checks indices before launching (kpa.set_check_indices).
+bool indices_checked() {
+  ensure_initialised();
+  return kpa_check_indices() != 0;
+}
+
 /// An int32 or int64 index tensor as a contiguous int32 one (the C ABI's), refusing values that
-/// int32 cannot hold rather than wrapping them.
+/// int32 cannot hold rather than wrapping them when indices are checked (the check reads the
+/// extremes back on the host).
 at::Tensor as_int32(const char* op, const char* name, const at::Tensor& t) {
-  if (t.scalar_type() == at::kLong && t.numel() > 0) {
+  if (t.scalar_type() == at::kLong && t.numel() > 0 && indices_checked()) {
     const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
     TORCH_CHECK_VALUE(lo >= INT32_MIN && hi <= INT32_MAX, op, ": ", name, " holds ", lo < INT32_MIN ? lo : hi,
                       ", outside int32");
@@ -127,15 +150,81 @@ at::Tensor as_int32(const char* op, const char* name, const at::Tensor& t) {
   return t.to(at::kInt).contiguous();
 }
 
-bool on_cpu(const at::Tensor& t) { return t.device().is_cpu(); }
+/// Where an operator's tensors live, which says what runs it.
+enum class Where {
+  Meta,  ///< meta (fake) tensors: the checks are the whole operator
+  Host,  ///< CPU tensors: kpa's host back end
+  Gpu,   ///< CUDA tensors: kpa's CUDA back end on torch's current stream
+};
 
-/// The host build of kpa addresses host memory; a GPU build addresses the GPU's.
-void expect_host_kpa(const char* op) {
+#ifdef KPA_TORCH_CUDA
+constexpr const char* kTensorKinds = "CPU and CUDA";
+#else
+constexpr const char* kTensorKinds = "CPU";
+#endif
+
+Where where_of(const char* op, const at::Tensor& t) {
+  if (t.is_meta()) return Where::Meta;
+  if (t.device().is_cpu()) return Where::Host;
+#ifdef KPA_TORCH_CUDA
+  if (t.device().is_cuda()) return Where::Gpu;
+#else
+  TORCH_CHECK_NOT_IMPLEMENTED(!t.device().is_cuda(), op,
+                              ": this kpa was built for CPU tensors only (a host build of libkpa); CUDA tensors need "
+                              "kpa built with its CUDA back end (see the README)");
+#endif
+  C10_THROW_ERROR(NotImplementedError, c10::str(op, ": kpa takes ", kTensorKinds, " tensors, not ", t.device().type(), " ones"));
+}
+
+/// Where this thread's kpa calls go: the host back end (no stream), or a GPU stream, and whether
+/// a CUDA graph is capturing that stream.
+struct Launch {
+  void* stream = nullptr;
+  bool capturing = false;
+};
+
+/// Points this thread's kpa calls at the back end for `where`: the host, or the GPU of `t` on
+/// torch's current stream there.
+Launch run_on(const char* op, Where where, const at::Tensor& t) {
   ensure_initialised();
-  static const bool device = std::string(kpa_host_isa()) == "device";
-  TORCH_CHECK_NOT_IMPLEMENTED(!device, op,
-                              ": this libkpa.so was built for a GPU and addresses device memory; CPU tensors need "
-                              "a host build of kpa");
+  Launch launch;
+  if (where == Where::Host) {
+    check_status(kpa_set_execution(KPA_MEMORY_HOST, nullptr));
+    return launch;
+  }
+#ifdef KPA_TORCH_CUDA
+  TORCH_CHECK_NOT_IMPLEMENTED(t.device().index() == kpa_gpu, op, ": kpa runs on one GPU per process, cuda:", kpa_gpu,
+                              " (torch's device when kpa started, or KOKKOS_DEVICE_ID); this tensor is on ",
+                              t.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(t.device().index()).stream();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TORCH_CHECK(cudaStreamIsCapturing(stream, &status) == cudaSuccess, op, ": cudaStreamIsCapturing failed");
+  launch = Launch{stream, status != cudaStreamCaptureStatusNone};
+  TORCH_CHECK(!(launch.capturing && indices_checked()), op,
+              ": the index check waits for the GPU, which a CUDA graph capture forbids; call "
+              "kpa.set_check_indices(False) before capturing");
+  check_status(kpa_set_execution(KPA_MEMORY_DEFAULT, launch.stream));
+#else
+  (void)op;
+  (void)t;
+#endif
+  return launch;
+}
+
+/// A scale's value, read on the host (a scale on the GPU is copied back: a wait for the stream).
+float scale_value(const char* op, const at::Tensor& scale, const Launch& launch) {
+  // item() goes through the dispatcher; a CPU float32 scale is read in place.
+  if (scale.device().is_cpu() && scale.scalar_type() == at::kFloat) return *scale.data_ptr<float>();
+  TORCH_CHECK(!(launch.capturing && !scale.device().is_cpu()), op,
+              ": an fp8 scale on the GPU is read on the host, which a CUDA graph capture forbids; pass k_scale and "
+              "v_scale as floats or CPU tensors");
+  return scale.item<float>();
+}
+
+/// A scale lives on the CPU or with the operator's data.
+void expect_scale_device(const char* op, const char* name, const at::Tensor& scale, const at::Tensor& data) {
+  TORCH_CHECK_VALUE(scale.device().is_cpu() || scale.device() == data.device(), op, ": ", name, " is on ",
+                    scale.device(), ", the data on ", data.device(), " (a scale may also be a CPU tensor)");
 }
 
 /// Everything paged_attention_v1 and v2 share, checked; `cpu` adds the converted inputs.
@@ -146,7 +235,7 @@ struct Attention {
   int tp_rank;
   kpa_block_sparse sparse{};
   bool is_sparse;
-  // Filled by prepare() for CPU tensors:
+  // Filled by prepare() for CPU and CUDA tensors:
   at::Tensor query, block_tables, seq_lens, alibi;
   float k_scale = 1.0f, v_scale = 1.0f;
 };
@@ -169,8 +258,9 @@ Attention check_attention(const char* op, const at::Tensor& out, const at::Tenso
   expect_dtype(op, "out", out, query.scalar_type());
   expect_contiguous(op, "out", out);
   expect_one_device(op, {{"out", &out}, {"query", &query}, {"key_cache", &key_cache}, {"value_cache", &value_cache},
-                         {"block_tables", &block_tables}, {"seq_lens", &seq_lens}, {"k_scale", &k_scale},
-                         {"v_scale", &v_scale}});
+                         {"block_tables", &block_tables}, {"seq_lens", &seq_lens}});
+  expect_scale_device(op, "k_scale", k_scale, out);
+  expect_scale_device(op, "v_scale", v_scale, out);
   a.cache_dtype = cache_dtype_of(op, kv_cache_dtype, key_cache, a.dtype, query);
   expect_dtype(op, "value_cache", value_cache, key_cache.scalar_type());
   const int64_t x = 16 / element_bytes(a.cache_dtype);
@@ -214,23 +304,24 @@ Attention check_attention(const char* op, const at::Tensor& out, const at::Tenso
   return a;
 }
 
-/// Reads what the C ABI call needs from CPU tensors: the query made contiguous (a strided view of
-/// a fused qkv tensor is gathered, num_seqs x num_heads x head_size elements), int32 tables, the
-/// scales' values.
-void prepare(const char* op, Attention& a, const at::Tensor& query, const at::Tensor& block_tables,
-             const at::Tensor& seq_lens, const c10::optional<at::Tensor>& alibi_slopes, const at::Tensor& k_scale,
-             const at::Tensor& v_scale) {
-  expect_host_kpa(op);
+/// A tensor's data, or NULL when it has none (the C ABI accepts NULL exactly where nothing is read).
+void* data_or_null(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? t.data_ptr() : nullptr; }
+
+/// Reads what the C ABI call needs: the query made contiguous (a strided view of a fused qkv
+/// tensor is gathered, num_seqs x num_heads x head_size elements), int32 tables, the scales'
+/// values (fp8 caches only: "auto" caches ignore them).
+void prepare(const char* op, Attention& a, const Launch& launch, const at::Tensor& query,
+             const at::Tensor& block_tables, const at::Tensor& seq_lens,
+             const c10::optional<at::Tensor>& alibi_slopes, const at::Tensor& k_scale, const at::Tensor& v_scale) {
   a.query = query.contiguous();
   a.block_tables = as_int32(op, "block_tables", block_tables);
   a.seq_lens = as_int32(op, "seq_lens", seq_lens);
   if (a.has_alibi) a.alibi = alibi_slopes->contiguous();
-  a.k_scale = scale_value(k_scale);
-  a.v_scale = scale_value(v_scale);
+  if (a.cache_dtype == KPA_FP8_E4M3 || a.cache_dtype == KPA_FP8_E5M2) {
+    a.k_scale = scale_value(op, k_scale, launch);
+    a.v_scale = scale_value(op, v_scale, launch);
+  }
 }
-
-/// A tensor's data, or NULL when it has none (the C ABI accepts NULL exactly where nothing is read).
-void* data_or_null(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? t.data_ptr() : nullptr; }
 
 void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
@@ -244,8 +335,10 @@ void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tens
                                 block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank,
                                 blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
                                 blocksparse_head_sliding_step);
-  if (!on_cpu(out)) return;  // meta tensors: the checks are the whole operator
-  prepare(op, a, query, block_tables, seq_lens, alibi_slopes, k_scale, v_scale);
+  const Where where = where_of(op, out);
+  if (where == Where::Meta) return;  // the checks are the whole operator
+  const Launch launch = run_on(op, where, out);
+  prepare(op, a, launch, query, block_tables, seq_lens, alibi_slopes, k_scale, v_scale);
   check_status(kpa_paged_attention_v1(
       data_or_null(out), data_or_null(a.query), a.dtype, data_or_null(key_cache), data_or_null(value_cache), a.cache_dtype,
       a.num_seqs, a.num_heads, a.num_kv_heads, a.head_size, a.num_blocks, a.block_size,
@@ -281,8 +374,10 @@ void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_l
     expect_contiguous(op, t.first, *t.second);
   }
   expect_one_device(op, {{"out", &out}, {"exp_sums", &exp_sums}, {"max_logits", &max_logits}, {"tmp_out", &tmp_out}});
-  if (!on_cpu(out)) return;
-  prepare(op, a, query, block_tables, seq_lens, alibi_slopes, k_scale, v_scale);
+  const Where where = where_of(op, out);
+  if (where == Where::Meta) return;
+  const Launch launch = run_on(op, where, out);
+  prepare(op, a, launch, query, block_tables, seq_lens, alibi_slopes, k_scale, v_scale);
   check_status(kpa_paged_attention_v2(
       data_or_null(out), static_cast<float*>(data_or_null(exp_sums)), static_cast<float*>(data_or_null(max_logits)),
       data_or_null(tmp_out), partitions, kPartitionSize, data_or_null(a.query), a.dtype,
@@ -303,7 +398,9 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
   expect_shape(op, "value", value, key.sizes());
   expect_dtype(op, "value", value, key.scalar_type());
   expect_one_device(op, {{"key", &key}, {"value", &value}, {"key_cache", &key_cache}, {"value_cache", &value_cache},
-                         {"slot_mapping", &slot_mapping}, {"k_scale", &k_scale}, {"v_scale", &v_scale}});
+                         {"slot_mapping", &slot_mapping}});
+  expect_scale_device(op, "k_scale", k_scale, key);
+  expect_scale_device(op, "v_scale", v_scale, key);
   const kpa_dtype cache_dtype = cache_dtype_of(op, kv_cache_dtype, key_cache, dtype, key);
   expect_dtype(op, "value_cache", value_cache, key_cache.scalar_type());
   const int64_t x = 16 / element_bytes(cache_dtype);
@@ -319,15 +416,18 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
   expect_index_type(op, "slot_mapping", slot_mapping);
   expect_scale(op, "k_scale", k_scale);
   expect_scale(op, "v_scale", v_scale);
-  if (!on_cpu(key)) return;
-  expect_host_kpa(op);
+  const Where where = where_of(op, key);
+  if (where == Where::Meta) return;
+  const Launch launch = run_on(op, where, key);
   // key and value are often views of a fused qkv tensor: the C ABI takes them contiguous.
   const at::Tensor k = key.contiguous(), v = value.contiguous();
   const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
+  const bool fp8 = cache_dtype == KPA_FP8_E4M3 || cache_dtype == KPA_FP8_E5M2;
   check_status(kpa_reshape_and_cache(data_or_null(k), data_or_null(v), dtype, data_or_null(key_cache),
                                      data_or_null(value_cache), cache_dtype, tokens, kv_heads, head_size, blocks,
                                      block_size, static_cast<const int64_t*>(data_or_null(slots)),
-                                     scale_value(k_scale), scale_value(v_scale)));
+                                     fp8 ? scale_value(op, k_scale, launch) : 1.0f,
+                                     fp8 ? scale_value(op, v_scale, launch) : 1.0f));
 }
 
 /// A cache of copy_blocks / swap_blocks: contiguous, with a block per index of its first dimension.
@@ -367,13 +467,15 @@ void copy_blocks(const std::vector<at::Tensor>& key_caches, const std::vector<at
       expect_cache(op, name, *cache);
       expect_same_device(op, name.c_str(), *cache, "key_caches[0]", first);
       expect_dtype(op, name.c_str(), *cache, first.scalar_type());
-      TORCH_CHECK_VALUE(cache->numel() == first.numel() && cache->size(0) == first.size(0), op, ": ", name,
+      // sym_*: meta tensors under tracing may have symbolic sizes.
+      TORCH_CHECK_VALUE(cache->sym_numel() == first.sym_numel() && cache->sym_size(0) == first.sym_size(0), op, ": ", name,
                         " has shape ", shape_of(*cache), ", key_caches[0] ", shape_of(first));
     }
   }
   expect_same_device(op, "block_mapping", block_mapping, "key_caches[0]", first);
-  if (!on_cpu(first)) return;
-  expect_host_kpa(op);
+  const Where where = where_of(op, first);
+  if (where == Where::Meta) return;
+  run_on(op, where, first);
   const int64_t layers = static_cast<int64_t>(key_caches.size());
   std::vector<void*> keys(layers), values(layers);
   for (int64_t l = 0; l < layers; ++l) {
@@ -397,22 +499,42 @@ void swap_blocks(const at::Tensor& src, at::Tensor& dst, const at::Tensor& block
   TORCH_CHECK_VALUE(block_mapping.dim() == 2 && (block_mapping.size(0) == 0 || block_mapping.size(1) == 2), op,
                     ": block_mapping must be [num_pairs, 2], got ", shape_of(block_mapping));
   expect_index_type(op, "block_mapping", block_mapping);
-  TORCH_CHECK_VALUE(on_cpu(block_mapping), op, ": block_mapping lives on the CPU, not ", block_mapping.device());
-  if (!on_cpu(src) || !on_cpu(dst)) {
-    TORCH_CHECK_NOT_IMPLEMENTED(src.is_meta() && dst.is_meta(), op,
-                                ": kpa's torch operators were built for CPU tensors only; src is on ", src.device(),
-                                ", dst on ", dst.device());
+  TORCH_CHECK_VALUE(block_mapping.device().is_cpu() || block_mapping.is_meta(), op,
+                    ": block_mapping lives on the CPU, not ", block_mapping.device());
+  const Where src_where = where_of(op, src), dst_where = where_of(op, dst);
+  if (src_where == Where::Meta || dst_where == Where::Meta) {
+    TORCH_CHECK_VALUE(src_where == dst_where, op, ": src is on ", src.device(), ", dst on ", dst.device());
     return;
   }
-  expect_host_kpa(op);
+  // Copies between host and GPU run on the GPU's stream; host to host on the host.
+  const bool src_on_gpu = src_where == Where::Gpu;
+  const bool on_gpu = src_on_gpu || dst_where == Where::Gpu;
+  if (src_on_gpu && dst_where == Where::Gpu) expect_same_device(op, "dst", dst, "src", src);
+  run_on(op, on_gpu ? Where::Gpu : Where::Host, src_on_gpu ? src : dst);
+  const auto memory = [](Where w) { return w == Where::Gpu ? KPA_MEMORY_DEFAULT : KPA_MEMORY_HOST; };
   const at::Tensor mapping = block_mapping.to(at::kLong).contiguous();
   const int64_t block_bytes = src.size(0) > 0 ? src.numel() / src.size(0) * src.element_size() : 0;
-  check_status(kpa_swap_blocks(data_or_null(src), KPA_MEMORY_HOST, src.size(0), data_or_null(dst),
-                               KPA_MEMORY_HOST, dst.size(0), std::max<int64_t>(block_bytes, 1),
+  check_status(kpa_swap_blocks(data_or_null(src), memory(src_where), src.size(0), data_or_null(dst),
+                               memory(dst_where), dst.size(0), std::max<int64_t>(block_bytes, 1),
                                static_cast<const int64_t*>(data_or_null(mapping)), mapping.size(0)));
 }
 
+/// kpa.set_check_indices: whether the operators check the indices they follow (on by default);
+/// returns the previous setting.
+bool set_check_indices(bool enabled) {
+  ensure_initialised();
+  return kpa_set_check_indices(enabled ? 1 : 0) != 0;
+}
+
 std::string version() { return kpa_version(); }
+
+bool built_for_cuda() {
+#ifdef KPA_TORCH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
 
 std::string host_isa() {
   ensure_initialised();
@@ -439,7 +561,9 @@ TORCH_LIBRARY(kpa, m) {
       "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()");
   m.def("copy_blocks(Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, Tensor block_mapping) -> ()");
   m.def("swap_blocks(Tensor src, Tensor(a!) dst, Tensor block_mapping) -> ()");
+  m.def("set_check_indices(bool enabled) -> bool", &set_check_indices);
   m.def("version() -> str", &version);
+  m.def("built_for_cuda() -> bool", &built_for_cuda);
   m.def("host_isa() -> str", &host_isa);
 }
 
@@ -456,12 +580,14 @@ void register_kernels(torch::Library& m) {
   m.impl("swap_blocks", &swap_blocks);
 }
 
-/// GPU tensors on this CPU-only build: a clear error instead of torch's "no kernel for CUDA".
+#ifndef KPA_TORCH_CUDA
+/// CUDA tensors on a build for CPU tensors: a clear error instead of torch's "no kernel for CUDA".
 void refuse_gpu_tensors(const c10::OperatorHandle& op, torch::jit::Stack*) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().name(),
-                              ": kpa's torch operators were built for CPU tensors only (a host build of kpa); "
-                              "GPU tensors are not supported by this build");
+                              ": this kpa was built for CPU tensors only (a host build of libkpa); CUDA tensors need "
+                              "kpa built with its CUDA back end (see the README)");
 }
+#endif
 
 }  // namespace
 
@@ -477,5 +603,9 @@ TORCH_LIBRARY_IMPL(kpa, AutogradMeta, m) {
 }
 
 TORCH_LIBRARY_IMPL(kpa, CUDA, m) {
+#ifdef KPA_TORCH_CUDA
+  register_kernels(m);
+#else
   for (const char* op : kTensorOperators) m.impl(op, torch::CppFunction::makeFromBoxedFunction<&refuse_gpu_tensors>());
+#endif
 }

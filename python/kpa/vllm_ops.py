@@ -7,10 +7,16 @@ vLLM build that lacks them can use these instead::
     import kpa.vllm_ops
     kpa.vllm_ops.patch(vllm._custom_ops)   # or assign the functions one by one
 
-Beyond vLLM's own kernels they accept ``k_scale`` / ``v_scale`` as a float or a 0-d tensor, int32
-or int64 ``block_tables`` / ``seq_lens``, and a query that is a strided view of a fused qkv tensor
-(gathered into a contiguous one before the call). Bad arguments raise ``ValueError``, unsupported
-ones ``NotImplementedError``, with kpa's message.
+Beyond vLLM's own kernels they accept ``k_scale`` / ``v_scale`` as a float or a one-element tensor
+(on the CPU or with the data; only fp8 caches read them), int32 or int64 ``block_tables`` /
+``seq_lens``, and a query that is a strided view of a fused qkv tensor (gathered into a
+contiguous one before the call). Bad arguments raise ``ValueError``, unsupported ones
+``NotImplementedError``, with kpa's message.
+
+CUDA tensors (a package built against kpa's CUDA build) run on torch's current stream. Nothing
+waits for the GPU except the index check (``kpa.set_check_indices``) and fp8 scales held on the
+GPU; with the check off and the scales as floats or CPU tensors, a decode step can be captured
+in a CUDA graph.
 """
 
 import functools
@@ -29,14 +35,15 @@ Scale = Union[float, torch.Tensor]
 
 
 @functools.lru_cache(maxsize=64)
-def _scale_tensor(value: float, device: torch.device) -> torch.Tensor:
-    return torch.tensor(value, dtype=torch.float32, device=device)
+def _scale_tensor(value: float) -> torch.Tensor:
+    # On the CPU whatever the data's device: the operators read a CPU scale without a copy.
+    return torch.tensor(value, dtype=torch.float32)
 
 
-def _as_tensor(scale: Scale, device: torch.device) -> torch.Tensor:
+def _as_tensor(scale: Scale) -> torch.Tensor:
     if isinstance(scale, torch.Tensor):
         return scale
-    return _scale_tensor(float(scale), device)
+    return _scale_tensor(float(scale))
 
 
 def paged_attention_v1(
@@ -63,7 +70,7 @@ def paged_attention_v1(
     """out[s, h] = softmax(scale * q[s, h] . K_s^T (+ ALiBi)) V_s over the cached tokens of sequence s."""
     torch.ops.kpa.paged_attention_v1(
         out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
-        alibi_slopes, kv_cache_dtype, _as_tensor(k_scale, query.device), _as_tensor(v_scale, query.device), tp_rank,
+        alibi_slopes, kv_cache_dtype, _as_tensor(k_scale), _as_tensor(v_scale), tp_rank,
         blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size, blocksparse_head_sliding_step)
 
 
@@ -96,8 +103,8 @@ def paged_attention_v2(
     then their reduce into out."""
     torch.ops.kpa.paged_attention_v2(
         out, exp_sum, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
-        block_size, max_seq_len, alibi_slopes, kv_cache_dtype, _as_tensor(k_scale, query.device),
-        _as_tensor(v_scale, query.device), tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
+        block_size, max_seq_len, alibi_slopes, kv_cache_dtype, _as_tensor(k_scale),
+        _as_tensor(v_scale), tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
         blocksparse_block_size, blocksparse_head_sliding_step)
 
 
@@ -114,7 +121,7 @@ def reshape_and_cache(
     """Writes token t's key and value into cache slot slot_mapping[t] (negative: padding, skipped);
     fp8 caches receive round-to-nearest-even(value / scale), saturated."""
     torch.ops.kpa.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                    _as_tensor(k_scale, key.device), _as_tensor(v_scale, key.device))
+                                    _as_tensor(k_scale), _as_tensor(v_scale))
 
 
 def copy_blocks(key_caches: List[torch.Tensor], value_caches: List[torch.Tensor], block_mapping: torch.Tensor) -> None:

@@ -1,5 +1,6 @@
 """kpa's PyTorch operators against float64 references: kpa.vllm_ops (vLLM's signatures) and
-torch.ops.kpa (vLLM's schemas), on CPU tensors."""
+torch.ops.kpa (vLLM's schemas), on the tensors of reference.DEVICE (CPU, or CUDA with
+KPA_TEST_DEVICE=cuda)."""
 
 import inspect
 import math
@@ -13,22 +14,20 @@ import torch
 import kpa
 from kpa import vllm_ops
 
-from reference import (PARTITION_SIZE, Problem, assert_close, fp8_decode, fp8_kind, nearest_fp8_distance, x_of,
-                       write_auto_cache)
+from reference import (DEVICE, Problem, assert_close, bitwise_equal, decode_inputs, decode_step, fp8_decode, fp8_kind,
+                       host, nearest_fp8_distance, partitions_for, x_of, write_auto_cache)
+
+ON_GPU = DEVICE.type == "cuda"
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 HEAD_SIZES = [32, 64, 80, 96, 112, 120, 128, 192, 256]
 BLOCK_SIZES = [8, 16, 32]
 
 
-def partitions_for(max_seq_len):
-    return max(1, -(-max_seq_len // PARTITION_SIZE))
-
-
 def run(version, p, out=None, query=None, block_tables=None, seq_lens=None, max_seq_len=None, partitions=None, **kw):
     """Calls kpa.vllm_ops.paged_attention_v1 / v2 on a Problem; returns out (and v2's intermediates)."""
     query = p.query if query is None else query
-    out = torch.full(tuple(query.shape), float("nan"), dtype=p.dtype) if out is None else out
+    out = torch.full(tuple(query.shape), float("nan"), dtype=p.dtype, device=DEVICE) if out is None else out
     block_tables = p.block_tables if block_tables is None else block_tables
     seq_lens = p.seq_lens_tensor if seq_lens is None else seq_lens
     max_seq_len = max(p.seq_lens, default=0) if max_seq_len is None else max_seq_len
@@ -41,9 +40,9 @@ def run(version, p, out=None, query=None, block_tables=None, seq_lens=None, max_
         return out, None
     parts = partitions_for(max_seq_len) if partitions is None else partitions
     seqs, heads = query.shape[0], query.shape[1]
-    exp_sums = torch.full((seqs, heads, parts), -7.0)
-    max_logits = torch.full((seqs, heads, parts), -7.0)
-    tmp_out = torch.full((seqs, heads, parts, p.head_size), -7.0, dtype=p.dtype)
+    exp_sums = torch.full((seqs, heads, parts), -7.0, device=DEVICE)
+    max_logits = torch.full((seqs, heads, parts), -7.0, device=DEVICE)
+    tmp_out = torch.full((seqs, heads, parts, p.head_size), -7.0, dtype=p.dtype, device=DEVICE)
     vllm_ops.paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, p.key_cache, p.value_cache, **args)
     return out, (exp_sums, max_logits, tmp_out)
 
@@ -104,7 +103,7 @@ def test_block_sparse(step, tp_rank, version):
 def test_query_as_strided_view_of_fused_qkv(version):
     p = Problem([3, 50, 200], num_heads=8, num_kv_heads=2, head_size=64, block_size=16, seed=13)
     seqs, heads, kv_heads, d = 3, 8, 2, 64
-    qkv = torch.randn(seqs, (heads + 2 * kv_heads) * d).to(p.dtype)
+    qkv = torch.randn(seqs, (heads + 2 * kv_heads) * d).to(p.dtype).to(DEVICE)
     qkv[:, :heads * d] = p.query.reshape(seqs, heads * d)
     query = qkv[:, :heads * d].view(seqs, heads, d)
     assert not query.is_contiguous()
@@ -163,17 +162,18 @@ def test_reshape_and_cache_auto_layout_and_padding(dtype):
     tokens, kv_heads, d, block, blocks = 21, 2, 64, 8, 6
     x = x_of(dtype)
     # key and value as views of a fused qkv tensor, as vLLM passes them.
-    qkv = torch.randn(tokens, (4 + 2 * kv_heads) * d).to(dtype)
+    qkv = torch.randn(tokens, (4 + 2 * kv_heads) * d).to(dtype).to(DEVICE)
     key = qkv[:, 4 * d:(4 + kv_heads) * d].view(tokens, kv_heads, d)
     value = qkv[:, (4 + kv_heads) * d:].view(tokens, kv_heads, d)
     slots = torch.randperm(blocks * block)[:tokens]
     slots[3] = -1  # padding: skipped
-    key_cache = torch.full((blocks, kv_heads, d // x, block, x), float("nan"), dtype=dtype)
-    value_cache = torch.full((blocks, kv_heads, d, block), float("nan"), dtype=dtype)
-    vllm_ops.reshape_and_cache(key, value, key_cache, value_cache, slots.int(), "auto", 1.0, 1.0)
-    expected_k = torch.full_like(key_cache, float("nan"))
-    expected_v = torch.full_like(value_cache, float("nan"))
-    write_auto_cache(expected_k, expected_v, key.contiguous(), value.contiguous(), slots)
+    key_cache = torch.full((blocks, kv_heads, d // x, block, x), float("nan"), dtype=dtype, device=DEVICE)
+    value_cache = torch.full((blocks, kv_heads, d, block), float("nan"), dtype=dtype, device=DEVICE)
+    vllm_ops.reshape_and_cache(key, value, key_cache, value_cache, slots.int().to(DEVICE), "auto", 1.0, 1.0)
+    expected_k = torch.full_like(host(key_cache), float("nan"))
+    expected_v = torch.full_like(host(value_cache), float("nan"))
+    write_auto_cache(expected_k, expected_v, host(key).contiguous(), host(value).contiguous(), slots)
+    key_cache, value_cache = host(key_cache), host(value_cache)
     assert torch.equal(key_cache.view(torch.int16 if dtype != torch.float32 else torch.int32),
                        expected_k.view(torch.int16 if dtype != torch.float32 else torch.int32))
     assert torch.equal(value_cache.view(torch.int16 if dtype != torch.float32 else torch.int32),
@@ -185,14 +185,16 @@ def test_reshape_and_cache_fp8_rounds_to_nearest(kv_cache_dtype):
     tokens, kv_heads, d, block, blocks = 9, 2, 32, 16, 2
     key = (torch.randn(tokens, kv_heads, d) * 300).to(torch.bfloat16)  # beyond E4M3's 448: saturates
     value = (torch.randn(tokens, kv_heads, d) / 50).to(torch.bfloat16)  # subnormals
-    key_cache = torch.zeros((blocks, kv_heads, d // 16, block, 16), dtype=torch.uint8)
-    value_cache = torch.zeros((blocks, kv_heads, d, block), dtype=torch.uint8)
+    key_cache = torch.zeros((blocks, kv_heads, d // 16, block, 16), dtype=torch.uint8, device=DEVICE)
+    value_cache = torch.zeros((blocks, kv_heads, d, block), dtype=torch.uint8, device=DEVICE)
     slots = torch.arange(tokens) * 3
-    vllm_ops.reshape_and_cache(key, value, key_cache, value_cache, slots, kv_cache_dtype, torch.tensor(2.0), 0.5)
+    # k_scale a CPU tensor (also with CUDA data), v_scale a float.
+    vllm_ops.reshape_and_cache(key.to(DEVICE), value.to(DEVICE), key_cache, value_cache, slots.to(DEVICE),
+                               kv_cache_dtype, torch.tensor(2.0), 0.5)
     kind = fp8_kind(kv_cache_dtype)
     b, o = (slots // block).numpy(), (slots % block).numpy()
-    k_codes = key_cache.numpy()[b, :, :, o, :].reshape(tokens, kv_heads, d)
-    v_codes = value_cache.numpy()[b, :, :, o]
+    k_codes = host(key_cache).numpy()[b, :, :, o, :].reshape(tokens, kv_heads, d)
+    v_codes = host(value_cache).numpy()[b, :, :, o]
     for codes, source, scale in ((k_codes, key, 2.0), (v_codes, value, 0.5)):
         target = source.double().numpy() / scale
         distance = np.abs(fp8_decode(codes, kind) - target)
@@ -209,20 +211,28 @@ def test_copy_blocks_every_layer(dtype):
         key_caches = [torch.randn(blocks, 2, 64 // x_of(dtype), 16, x_of(dtype)).to(dtype) for _ in range(layers)]
         value_caches = [torch.randn(blocks, 2, 64, 16).to(dtype) for _ in range(layers)]
     before = [(k.clone(), v.clone()) for k, v in zip(key_caches, value_caches)]
-    mapping = torch.tensor([[1, 4], [7, 0], [1, 9]], dtype=torch.int64)
+    key_caches = [k.to(DEVICE) for k in key_caches]
+    value_caches = [v.to(DEVICE) for v in value_caches]
+    mapping = torch.tensor([[1, 4], [7, 0], [1, 9]], dtype=torch.int64, device=DEVICE)
     vllm_ops.copy_blocks(key_caches, value_caches, mapping)
     for (k0, v0), k, v in zip(before, key_caches, value_caches):
+        k, v = host(k), host(v)
         for b in range(blocks):
             source = {4: 1, 0: 7, 9: 1}.get(b, b)
             assert torch.equal(k[b], k0[source]) and torch.equal(v[b], v0[source]), b
     with pytest.raises(ValueError, match=r"block_mapping\[1\]\[0\] = 10 is outside"):
-        vllm_ops.copy_blocks(key_caches, value_caches, torch.tensor([[0, 1], [10, 2]]))
+        vllm_ops.copy_blocks(key_caches, value_caches, torch.tensor([[0, 1], [10, 2]], device=DEVICE))
 
 
-def test_swap_blocks_between_caches():
-    src = torch.randn(6, 2, 64, 16).half()
-    dst = torch.zeros(3, 2, 64, 16).half()
+@pytest.mark.parametrize("src_device,dst_device", [(DEVICE, DEVICE), (DEVICE, "cpu"), ("cpu", DEVICE)],
+                         ids=["same", "to_cpu", "from_cpu"])
+def test_swap_blocks_between_caches(src_device, dst_device):
+    """Within one memory, and between CPU and the test device (vLLM's offload; the same memory
+    on a CPU run)."""
+    src = torch.randn(6, 2, 64, 16).half().to(src_device)
+    dst = torch.zeros(3, 2, 64, 16).half().to(dst_device)
     vllm_ops.swap_blocks(src, dst, torch.tensor([[5, 0], [2, 2]]))
+    src, dst = host(src), host(dst)
     assert torch.equal(dst[0], src[5]) and torch.equal(dst[2], src[2]) and torch.all(dst[1] == 0)
     with pytest.raises(ValueError, match=r"block_mapping\[0\]\[1\] = 3 is outside"):
         vllm_ops.swap_blocks(src, dst, torch.tensor([[0, 3]]))
@@ -252,8 +262,8 @@ def test_decode_step_as_vllm_backend_drives_it(prompt_lens, kv_cache_dtype):
     block_tables = torch.randperm(num_blocks, generator=rng)[:seqs * blocks_per_seq].view(seqs, blocks_per_seq)
     x = x_of(torch.uint8 if kv_cache_dtype != "auto" else dtype)
     cache_dtype = torch.uint8 if kv_cache_dtype != "auto" else dtype
-    key_cache = torch.zeros(num_blocks, kv_heads, d // x, block, x, dtype=cache_dtype)
-    value_cache = torch.zeros(num_blocks, kv_heads, d, block, dtype=cache_dtype)
+    key_cache = torch.zeros(num_blocks, kv_heads, d // x, block, x, dtype=cache_dtype, device=DEVICE)
+    value_cache = torch.zeros(num_blocks, kv_heads, d, block, dtype=cache_dtype, device=DEVICE)
     keys = [(torch.rand(n, kv_heads, d, generator=rng) * 2 - 1).to(dtype) for n in total]
     values = [(torch.rand(n, kv_heads, d, generator=rng) * 2 - 1).to(dtype) for n in total]
     k_scale, v_scale = (0.01, 0.01) if kv_cache_dtype != "auto" else (1.0, 1.0)
@@ -263,38 +273,39 @@ def test_decode_step_as_vllm_backend_drives_it(prompt_lens, kv_cache_dtype):
 
     # Prefill: every prompt token, one call for the batch.
     prompt_slots = torch.cat([slots(s, torch.arange(n)) for s, n in enumerate(prompt_lens)])
-    vllm_ops.reshape_and_cache(torch.cat([k[:-1] for k in keys]), torch.cat([v[:-1] for v in values]), key_cache,
-                               value_cache, prompt_slots, kv_cache_dtype, k_scale, v_scale)
+    vllm_ops.reshape_and_cache(torch.cat([k[:-1] for k in keys]).to(DEVICE), torch.cat([v[:-1] for v in values]).to(DEVICE),
+                               key_cache, value_cache, prompt_slots.to(DEVICE), kv_cache_dtype, k_scale, v_scale)
     # Decode: the new tokens, then attention for their queries.
     new_slots = torch.stack([slots(s, torch.tensor(n)) for s, n in enumerate(prompt_lens)])
-    vllm_ops.reshape_and_cache(torch.stack([k[-1] for k in keys]), torch.stack([v[-1] for v in values]), key_cache,
-                               value_cache, new_slots, kv_cache_dtype, k_scale, v_scale)
-    query = (torch.rand(seqs, heads, d, generator=rng) * 2 - 1).to(dtype)
-    seq_lens = torch.tensor(total, dtype=torch.int32)
+    vllm_ops.reshape_and_cache(torch.stack([k[-1] for k in keys]).to(DEVICE), torch.stack([v[-1] for v in values]).to(DEVICE),
+                               key_cache, value_cache, new_slots.to(DEVICE), kv_cache_dtype, k_scale, v_scale)
+    query = (torch.rand(seqs, heads, d, generator=rng) * 2 - 1).to(dtype).to(DEVICE)
+    seq_lens = torch.tensor(total, dtype=torch.int32, device=DEVICE)
+    tables = block_tables.to(DEVICE)
     max_seq_len = max(total)
     out = torch.empty_like(query)
     scale = 1 / math.sqrt(d)
     if vllm_uses_v1(max_seq_len, seqs, heads):
-        vllm_ops.paged_attention_v1(out, query, key_cache, value_cache, kv_heads, scale, block_tables, seq_lens, block,
+        vllm_ops.paged_attention_v1(out, query, key_cache, value_cache, kv_heads, scale, tables, seq_lens, block,
                                     max_seq_len, None, kv_cache_dtype, k_scale, v_scale)
     else:
         parts = partitions_for(max_seq_len)
-        exp_sums = torch.empty(seqs, heads, parts)
-        max_logits = torch.empty(seqs, heads, parts)
-        tmp_out = torch.empty(seqs, heads, parts, d, dtype=dtype)
+        exp_sums = torch.empty(seqs, heads, parts, device=DEVICE)
+        max_logits = torch.empty(seqs, heads, parts, device=DEVICE)
+        tmp_out = torch.empty(seqs, heads, parts, d, dtype=dtype, device=DEVICE)
         vllm_ops.paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, kv_heads, scale,
-                                    block_tables, seq_lens, block, max_seq_len, None, kv_cache_dtype, k_scale, v_scale)
+                                    tables, seq_lens, block, max_seq_len, None, kv_cache_dtype, k_scale, v_scale)
     expected = np.zeros((seqs, heads, d))
     for s in range(seqs):
         k, v = keys[s].double().numpy(), values[s].double().numpy()
         for h in range(heads):
-            logits = scale * k[:, h // (heads // kv_heads)] @ query[s, h].double().numpy()
+            logits = scale * k[:, h // (heads // kv_heads)] @ host(query)[s, h].double().numpy()
             e = np.exp(logits - logits.max())
             expected[s, h] = e @ v[:, h // (heads // kv_heads)] / e.sum()
     if kv_cache_dtype == "auto":
         assert_close(out.float(), expected, dtype, "decode step")
     else:  # against the unquantised values: fp8's own error (vLLM's fp8 tests allow 1e-2 and more)
-        assert np.abs(out.double().numpy() - expected).max() < 2e-2
+        assert np.abs(host(out).double().numpy() - expected).max() < 2e-2
 
 
 # --- torch integration ---------------------------------------------------------------------------
@@ -307,6 +318,7 @@ def test_operators_registered_with_vllm_schemas():
     for name in ("paged_attention_v1", "reshape_and_cache", "swap_blocks"):
         assert str(getattr(torch.ops.kpa, name).default._schema).endswith("-> ()")
     assert kpa.__version__ == "0.1.0"
+    assert kpa.built_for_cuda in (True, False)
     assert kpa.host_isa() in ("avx512vbmi", "avx512", "avx2", "portable")
 
 
@@ -391,39 +403,162 @@ def test_calls_from_several_threads():
     assert not failures
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available() or kpa.built_for_cuda, reason="needs a CUDA device and a CPU build")
 def test_gpu_tensors_on_a_cpu_build_are_refused():
     p = Problem([3], seed=43)
     with pytest.raises(NotImplementedError, match="built for CPU tensors only"):
         run("v1", p, out=torch.empty(p.query.shape, dtype=p.dtype, device="cuda"), query=p.query.cuda())
 
 
+def test_index_checks_can_be_turned_off():
+    """With the index check off the operators trust their indices: an int64 table holding a value
+    beyond int32 in a column no sequence reads is converted without the range check that
+    refuses it otherwise, and the result is the checked one."""
+    p = Problem([7, 300], seed=71)
+    checked, _ = run("v1", p)
+    wide = p.block_tables.long()
+    wide[0, -1] = 2 ** 33  # sequence 0 has 7 tokens: one block, the last column unread
+    with pytest.raises(ValueError, match="outside int32"):
+        run("v1", p, block_tables=wide)
+    assert kpa.set_check_indices(False) is True
+    try:
+        unchecked, _ = run("v1", p, block_tables=wide)
+        slots = torch.tensor([0, 1], device=DEVICE)
+        key = torch.ones(2, p.num_kv_heads, p.head_size, dtype=p.dtype, device=DEVICE)
+        vllm_ops.reshape_and_cache(key, key, p.key_cache.clone(), p.value_cache.clone(), slots, "auto", 1.0, 1.0)
+    finally:
+        assert kpa.set_check_indices(True) is False
+    assert torch.equal(unchecked, checked)
+
+
+# --- CUDA tensors (KPA_TEST_DEVICE=cuda with a CUDA build of kpa) ----------------------------------
+
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="CUDA tensors: KPA_TEST_DEVICE=cuda with a CUDA build of kpa")
+
+
+@gpu_only
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cpu_and_gpu_agree(dtype, version):
+    """The same call on CPU tensors (kpa's host back end) and CUDA tensors (its CUDA back end), in
+    one process and one build."""
+    p = Problem([1, 100, 1300], num_heads=8, num_kv_heads=2, head_size=128, block_size=16, dtype=dtype, seed=73)
+    gpu, _ = run(version, p)
+    cpu_out = torch.full(tuple(p.query.shape), float("nan"), dtype=dtype)
+    args = [host(t) for t in (p.query, p.key_cache, p.value_cache)]
+    if version == "v1":
+        vllm_ops.paged_attention_v1(cpu_out, *args, p.num_kv_heads, p.scale, host(p.block_tables),
+                                    host(p.seq_lens_tensor), p.block_size, 1300, None, "auto", 1.0, 1.0)
+    else:
+        parts = partitions_for(1300)
+        exp_sums, max_logits = torch.empty(3, 8, parts), torch.empty(3, 8, parts)
+        tmp_out = torch.empty(3, 8, parts, 128, dtype=dtype)
+        vllm_ops.paged_attention_v2(cpu_out, exp_sums, max_logits, tmp_out, *args, p.num_kv_heads, p.scale,
+                                    host(p.block_tables), host(p.seq_lens_tensor), p.block_size, 1300, None, "auto",
+                                    1.0, 1.0)
+    expected = p.reference()[0]
+    assert_close(gpu.float(), expected, dtype, f"{version} on CUDA")
+    assert_close(cpu_out.float(), expected, dtype, f"{version} on the CPU")
+
+
+@gpu_only
+def test_runs_on_torchs_current_stream():
+    """The query is written on a side stream behind a long GPU sleep; attention called on that
+    stream reads the new query only if it runs on it."""
+    p = Problem([40, 700], num_heads=8, num_kv_heads=2, seed=79)
+    expected, _ = run("v1", p)
+    query = torch.zeros_like(p.query)
+    out = torch.full_like(p.query, float("nan"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        query.copy_(p.query)
+        run("v1", p, out=out, query=query)
+    side.synchronize()
+    assert torch.equal(out, expected)
+
+
+@gpu_only
+def test_cuda_graph_capture_and_replay_of_a_decode_step():
+    """A decode step (reshape_and_cache, paged_attention_v2, a matmul) captured in a CUDA graph
+    with the index check off, replayed on new inputs copied into its static tensors, equal to the
+    same step run eagerly on a copy of the caches."""
+    p = Problem([33, 600, 1500], num_heads=8, num_kv_heads=2, head_size=128, block_size=16, seed=83)
+    generator = torch.Generator().manual_seed(89)
+    weights = (torch.rand(8 * 128, 8 * 128, generator=generator) / 64).to(p.dtype).to(DEVICE)
+    static = decode_inputs(p, generator)
+    cache = (p.key_cache, p.value_cache, "auto")
+    step = dict(weights=weights, seq_lens=p.seq_lens_tensor, tables=p.block_tables, max_seq_len=1500)
+    previous = kpa.set_check_indices(False)
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on the capture stream: kpa's state for it
+            for _ in range(2):
+                decode_step(cache, *static, **step)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            static_out = decode_step(cache, *static, **step)
+        for trial in range(3):
+            fresh = decode_inputs(p, generator)
+            eager_cache = (p.key_cache.clone(), p.value_cache.clone(), "auto")
+            eager = decode_step(eager_cache, *fresh, **step)
+            for dst, src in zip(static, fresh):
+                dst.copy_(src)
+            graph.replay()
+            torch.cuda.synchronize()
+            difference = (static_out.float() - eager.float()).abs().max().item()
+            print(f"graph replay {trial} vs eager: max |difference| = {difference}")
+            assert difference == 0.0
+            assert bitwise_equal(p.key_cache, eager_cache[0]) and bitwise_equal(p.value_cache, eager_cache[1])
+    finally:
+        kpa.set_check_indices(previous)
+
+
+@gpu_only
+def test_capture_with_index_checks_on_is_refused():
+    p = Problem([33], seed=97)
+    run("v1", p)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run("v1", p)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="kpa.set_check_indices"):
+        with torch.cuda.graph(graph, stream=side):
+            run("v1", p)
+
+
 # --- errors: kpa's message in ValueError / NotImplementedError, never a crash ------------------------------
 
+D = dict(device=DEVICE)
 ERRORS = [
-    ("out of another shape", dict(out=torch.empty(2, 4, 64, dtype=torch.float16)), ValueError, "out has shape"),
-    ("out of another dtype", dict(out=torch.empty(3, 4, 64)), ValueError, "out is Float"),
-    ("non-contiguous out", dict(out=torch.empty(3, 64, 4, dtype=torch.float16).transpose(1, 2)), ValueError,
+    ("out of another shape", dict(out=torch.empty(2, 4, 64, dtype=torch.float16, **D)), ValueError, "out has shape"),
+    ("out of another dtype", dict(out=torch.empty(3, 4, 64, **D)), ValueError, "out is Float"),
+    ("non-contiguous out", dict(out=torch.empty(3, 64, 4, dtype=torch.float16, **D).transpose(1, 2)), ValueError,
      "out must be contiguous"),
-    ("float64 query", dict(query=torch.zeros(3, 4, 64, dtype=torch.float64),
-                           out=torch.zeros(3, 4, 64, dtype=torch.float64)), NotImplementedError, "kpa takes float32"),
-    ("query of rank 2", dict(query=torch.zeros(3, 256, dtype=torch.float16)), ValueError, "query must be"),
+    ("float64 query", dict(query=torch.zeros(3, 4, 64, dtype=torch.float64, **D),
+                           out=torch.zeros(3, 4, 64, dtype=torch.float64, **D)), NotImplementedError, "kpa takes float32"),
+    ("query of rank 2", dict(query=torch.zeros(3, 256, dtype=torch.float16, **D)), ValueError, "query must be"),
     ("block size differs from the cache's", dict(block_size=8), ValueError, "key_cache has shape"),
     ("num_kv_heads differs from the cache's", dict(num_kv_heads=4), ValueError, "key_cache has shape"),
     ("unknown kv_cache_dtype", dict(kv_cache_dtype="fp8_inc"), NotImplementedError, "fp8_inc"),
     ("fp8 with a float16 cache", dict(kv_cache_dtype="fp8"), ValueError, "an fp8 cache is a uint8 tensor"),
-    ("int16 block tables", dict(block_tables=torch.zeros(3, 2, dtype=torch.int16)), ValueError, "int32 or int64"),
-    ("block tables of another batch", dict(block_tables=torch.zeros(2, 2, dtype=torch.int32)), ValueError,
+    ("int16 block tables", dict(block_tables=torch.zeros(3, 2, dtype=torch.int16, **D)), ValueError, "int32 or int64"),
+    ("block tables of another batch", dict(block_tables=torch.zeros(2, 2, dtype=torch.int32, **D)), ValueError,
      "block_tables must be"),
-    ("seq_lens of another batch", dict(seq_lens=torch.zeros(4, dtype=torch.int32)), ValueError, "seq_lens has shape"),
-    ("block id past the cache", dict(block_tables=torch.full((3, 2), 99, dtype=torch.int32)), ValueError,
+    ("seq_lens of another batch", dict(seq_lens=torch.zeros(4, dtype=torch.int32, **D)), ValueError,
+     "seq_lens has shape"),
+    ("block id past the cache", dict(block_tables=torch.full((3, 2), 99, dtype=torch.int32, **D)), ValueError,
      r"block_tables\[.\]\[0\] = 99"),
     ("length above max_seq_len", dict(max_seq_len=10), ValueError, "exceeds max_seq_len"),
-    ("negative length", dict(seq_lens=torch.tensor([1, -1, 2], dtype=torch.int32)), ValueError, "seq_lens"),
-    ("alibi of another extent", dict(alibi_slopes=torch.zeros(3)), ValueError, "alibi_slopes has shape"),
+    ("negative length", dict(seq_lens=torch.tensor([1, -1, 2], dtype=torch.int32, **D)), ValueError, "seq_lens"),
+    ("alibi of another extent", dict(alibi_slopes=torch.zeros(3, **D)), ValueError, "alibi_slopes has shape"),
     ("k_scale of two values", dict(k_scale=torch.ones(2)), ValueError, "k_scale must hold one"),
-    ("meta query with CPU caches", dict(query=torch.zeros(3, 4, 64, dtype=torch.float16, device="meta")), ValueError,
-     "query is on meta, out on cpu"),
+    ("meta query with the data elsewhere", dict(query=torch.zeros(3, 4, 64, dtype=torch.float16, device="meta")),
+     ValueError, "query is on meta, out on (cpu|cuda)"),
 ]
 
 
@@ -450,27 +585,27 @@ def test_v2_with_too_few_partitions():
 
 def test_unsupported_head_size():
     p = Problem([3], head_size=32, seed=59)
-    cache = torch.zeros(p.num_blocks, 2, 1040 // 8, 16, 8, dtype=torch.float16)
-    values = torch.zeros(p.num_blocks, 2, 1040, 16, dtype=torch.float16)
-    query = torch.zeros(1, 4, 1040, dtype=torch.float16)
+    cache = torch.zeros(p.num_blocks, 2, 1040 // 8, 16, 8, dtype=torch.float16, device=DEVICE)
+    values = torch.zeros(p.num_blocks, 2, 1040, 16, dtype=torch.float16, device=DEVICE)
+    query = torch.zeros(1, 4, 1040, dtype=torch.float16, device=DEVICE)
     with pytest.raises(NotImplementedError, match="head_size 1040 is not supported"):
         vllm_ops.paged_attention_v1(torch.empty_like(query), query, cache, values, 2, 1.0, p.block_tables,
                                     p.seq_lens_tensor, 16, 3, None, "auto", 1.0, 1.0)
 
 
 def test_cache_op_errors():
-    key = torch.zeros(4, 2, 64, dtype=torch.float16)
-    key_cache = torch.zeros(3, 2, 8, 16, 8, dtype=torch.float16)
-    value_cache = torch.zeros(3, 2, 64, 16, dtype=torch.float16)
+    key = torch.zeros(4, 2, 64, dtype=torch.float16, **D)
+    key_cache = torch.zeros(3, 2, 8, 16, 8, dtype=torch.float16, **D)
+    value_cache = torch.zeros(3, 2, 64, 16, dtype=torch.float16, **D)
     with pytest.raises(ValueError, match=r"slot_mapping\[2\] = 48"):
-        vllm_ops.reshape_and_cache(key, key, key_cache, value_cache, torch.tensor([0, 1, 48, 2]), "auto", 1.0, 1.0)
+        vllm_ops.reshape_and_cache(key, key, key_cache, value_cache, torch.tensor([0, 1, 48, 2], **D), "auto", 1.0, 1.0)
     with pytest.raises(ValueError, match="slot_mapping has shape"):
-        vllm_ops.reshape_and_cache(key, key, key_cache, value_cache, torch.tensor([0, 1]), "auto", 1.0, 1.0)
+        vllm_ops.reshape_and_cache(key, key, key_cache, value_cache, torch.tensor([0, 1], **D), "auto", 1.0, 1.0)
     with pytest.raises(ValueError, match="value_cache has shape"):
-        vllm_ops.reshape_and_cache(key, key, key_cache, value_cache[:, :, :32], torch.arange(4), "auto", 1.0, 1.0)
+        vllm_ops.reshape_and_cache(key, key, key_cache, value_cache[:, :, :32], torch.arange(4, **D), "auto", 1.0, 1.0)
     with pytest.raises(ValueError, match="2 key caches and 1 value caches"):
-        vllm_ops.copy_blocks([key_cache, key_cache], [value_cache], torch.zeros(0, 2, dtype=torch.int64))
+        vllm_ops.copy_blocks([key_cache, key_cache], [value_cache], torch.zeros(0, 2, dtype=torch.int64, **D))
     with pytest.raises(ValueError, match=r"block_mapping must be \[num_pairs, 2\]"):
-        vllm_ops.copy_blocks([key_cache], [value_cache], torch.zeros(2, 3, dtype=torch.int64))
+        vllm_ops.copy_blocks([key_cache], [value_cache], torch.zeros(2, 3, dtype=torch.int64, **D))
     with pytest.raises(NotImplementedError, match="Double"):
-        vllm_ops.copy_blocks([key_cache.double()], [value_cache.double()], torch.zeros(1, 2, dtype=torch.int64))
+        vllm_ops.copy_blocks([key_cache.double()], [value_cache.double()], torch.zeros(1, 2, dtype=torch.int64, **D))

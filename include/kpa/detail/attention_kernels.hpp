@@ -44,7 +44,7 @@ struct PartitionKernel {
   static constexpr int H = Path::rows;
   using CacheT = typename Path::cache_type;  ///< element type the caches are read as (fp8 formats for byte caches)
   using execution_space = Space;
-  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::Schedule<Kokkos::Dynamic>>;
+  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::Schedule<Kokkos::Dynamic>, compat::KernelArgumentLaunch>;
   using member_type = typename policy_type::member_type;
   using views_type = AttentionViews<Space, T, TmpT>;
 
@@ -232,7 +232,7 @@ struct PartitionKernel {
 
 template <class Space, class T, class TmpT>
 struct PartitionReduceKernel {
-  using policy_type = Kokkos::TeamPolicy<Space>;
+  using policy_type = Kokkos::TeamPolicy<Space, compat::KernelArgumentLaunch>;
   using member_type = typename policy_type::member_type;
   using scratch_view = Kokkos::View<float*, typename Space::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   using views_type = AttentionViews<Space, T, TmpT>;

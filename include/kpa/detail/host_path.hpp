@@ -43,6 +43,7 @@ struct HostPath {
 
   /// load_scaled / store_scaled (numeric_types.hpp): contiguous rows through the instruction
   /// set's row conversions, strided ones element by element.
+  KPA_HOST_ONLY_BODY
   template <class T>
   KOKKOS_INLINE_FUNCTION void load_span(const T* src, std::size_t stride, float scale, float* dst, int n) const {
     if (stride == 1) {
@@ -51,6 +52,7 @@ struct HostPath {
       load_scaled(src, stride, scale, dst, n);
     }
   }
+  KPA_HOST_ONLY_BODY
   template <class T>
   KOKKOS_INLINE_FUNCTION void store_span(const float* src, float factor, T* dst, std::size_t stride, int n) const {
     if (stride == 1) {

@@ -13,6 +13,15 @@
 #include <cuda_runtime_api.h>
 #endif
 
+// Before a function Kokkos compiles for host and device whose body only host back ends run (the
+// host path's, which calls the host-only instruction-set loops): nvcc's device pass would warn
+// about the host calls; the pragma exempts the next function from that check.
+#if defined(__CUDACC__)
+#define KPA_HOST_ONLY_BODY _Pragma("nv_exec_check_disable")
+#else
+#define KPA_HOST_ONLY_BODY
+#endif
+
 namespace kpa::detail::compat {
 
 KOKKOS_INLINE_FUNCTION float exp(float v) {
@@ -90,6 +99,11 @@ template <class View>
 auto host_copy(const View& view) {
   return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
 }
+
+/// The launch property of kpa's team kernels: Kokkos passes the functor as a kernel argument on
+/// CUDA rather than through constant memory, whose reuse makes the host wait for the previous
+/// launch and which a CUDA graph capture cannot record. Host back ends ignore it.
+using KernelArgumentLaunch = Kokkos::Experimental::WorkItemProperty::HintLightWeight_t;
 
 /// Whether two instances of a space are one (their work runs in order). Kokkos 3.4 numbers
 /// every instance 0; its CUDA instances differ by stream.
