@@ -10,11 +10,14 @@
 #      (<repo>/.deps/torch-2.13.0, <repo>/build/python-venv-torch2: opcheck, fake tensors,
 #      torch.compile); then on torch 1.13 with the package building libkpa from the tree itself
 #      (<repo>/build/python-from-source).
-#   3. Sanitizer build (<repo>/build-asan): the unit tests and the C ABI tests again, built with
+#   3. kpa inside vLLM (scripts/vllm.sh --test): vLLM's CPU build 0.32.0 from the Python package
+#      index (<repo>/.deps/vllm-0.32.0), the package installed there with its plugin, and greedy
+#      generation with vLLM's own CPU attention backend and with kpa's compared end to end.
+#   4. Sanitizer build (<repo>/build-asan): the unit tests and the C ABI tests again, built with
 #      AddressSanitizer and UndefinedBehaviorSanitizer; any report fails the run.
-#   4. The libFuzzer target over the C ABI (scripts/fuzz.sh, <repo>/build-fuzz): a bounded run
+#   5. The libFuzzer target over the C ABI (scripts/fuzz.sh, <repo>/build-fuzz): a bounded run
 #      from the committed seed corpus (KPA_FUZZ_SECONDS, default 60).
-#   5. Where nvcc is found (unless KPA_SKIP_CUDA=1), CUDA build (Kokkos Serial + OpenMP + CUDA for
+#   6. Where nvcc is found (unless KPA_SKIP_CUDA=1), CUDA build (Kokkos Serial + OpenMP + CUDA for
 #      KPA_CUDA_ARCH, default AMPERE80, <repo>/build-cuda): every target compiled and linked, the
 #      unit-test binary and libkpa.so checked for machine code of that architecture (and for no
 #      kernel launched through constant memory), the installed package built by a separate
@@ -38,6 +41,9 @@ BUILD_DIR=$build "$repo/scripts/python.sh" --test
 BUILD_DIR=$build "$repo/scripts/python.sh" --torch2 --test
 log "PyTorch operators again, the package building libkpa itself (pip install without an installed kpa)"
 BUILD_DIR=$build/python-from-source "$repo/scripts/python.sh" --test
+
+log "kpa as vLLM's attention backend: vLLM's CPU build, end to end"
+BUILD_DIR=$build "$repo/scripts/vllm.sh" --test
 
 asan_build=${ASAN_BUILD_DIR:-$repo/build-asan}
 log "sanitizer build (address, undefined) in $asan_build"

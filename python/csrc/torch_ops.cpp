@@ -230,13 +230,14 @@ void expect_scale_device(const char* op, const char* name, const at::Tensor& sca
 /// Everything paged_attention_v1 and v2 share, checked; `cpu` adds the converted inputs.
 struct Attention {
   kpa_dtype dtype, cache_dtype;
+  int64_t num_tokens;  ///< query rows: num_seqs, or query_start_loc's last entry
   int64_t num_seqs, num_heads, num_kv_heads, head_size, num_blocks, block_size, max_blocks_per_seq, max_seq_len;
   bool has_alibi;
   int tp_rank;
   kpa_block_sparse sparse{};
   bool is_sparse;
   // Filled by prepare() for CPU and CUDA tensors:
-  at::Tensor query, block_tables, seq_lens, alibi;
+  at::Tensor query, block_tables, seq_lens, alibi, query_start_loc;
   float k_scale = 1.0f, v_scale = 1.0f;
 };
 
@@ -247,11 +248,21 @@ Attention check_attention(const char* op, const at::Tensor& out, const at::Tenso
                           const at::Tensor& k_scale, const at::Tensor& v_scale, int64_t tp_rank,
                           int64_t blocksparse_local_blocks,
                           int64_t blocksparse_vert_stride, int64_t blocksparse_block_size,
-                          int64_t blocksparse_head_sliding_step) {
+                          int64_t blocksparse_head_sliding_step,
+                          const c10::optional<at::Tensor>& query_start_loc = c10::nullopt) {
   Attention a{};
-  TORCH_CHECK_VALUE(query.dim() == 3, op, ": query must be [num_seqs, num_heads, head_size], got ", shape_of(query));
+  TORCH_CHECK_VALUE(query.dim() == 3, op, ": query must be [", query_start_loc ? "num_tokens" : "num_seqs",
+                    ", num_heads, head_size], got ", shape_of(query));
   a.dtype = activation_dtype(op, "query", query);
-  a.num_seqs = query.size(0);
+  a.num_tokens = query.size(0);
+  a.num_seqs = a.num_tokens;
+  if (query_start_loc) {
+    TORCH_CHECK_VALUE(query_start_loc->dim() == 1 && query_start_loc->size(0) >= 1, op,
+                      ": query_start_loc must be [num_seqs + 1], got ", shape_of(*query_start_loc));
+    expect_index_type(op, "query_start_loc", *query_start_loc);
+    expect_same_device(op, "query_start_loc", *query_start_loc, "out", out);
+    a.num_seqs = query_start_loc->size(0) - 1;
+  }
   a.num_heads = query.size(1);
   a.head_size = query.size(2);
   expect_shape(op, "out", out, query.sizes());
@@ -312,8 +323,10 @@ void* data_or_null(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? 
 /// values (fp8 caches only: "auto" caches ignore them).
 void prepare(const char* op, Attention& a, const Launch& launch, const at::Tensor& query,
              const at::Tensor& block_tables, const at::Tensor& seq_lens,
-             const c10::optional<at::Tensor>& alibi_slopes, const at::Tensor& k_scale, const at::Tensor& v_scale) {
+             const c10::optional<at::Tensor>& alibi_slopes, const at::Tensor& k_scale, const at::Tensor& v_scale,
+             const c10::optional<at::Tensor>& query_start_loc = c10::nullopt) {
   a.query = query.contiguous();
+  if (query_start_loc) a.query_start_loc = as_int32(op, "query_start_loc", *query_start_loc);
   a.block_tables = as_int32(op, "block_tables", block_tables);
   a.seq_lens = as_int32(op, "seq_lens", seq_lens);
   if (a.has_alibi) a.alibi = alibi_slopes->contiguous();
@@ -386,6 +399,51 @@ void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_l
       a.max_blocks_per_seq, static_cast<const int32_t*>(data_or_null(a.seq_lens)), a.max_seq_len,
       static_cast<float>(scale), a.has_alibi ? a.alibi.data_ptr<float>() : nullptr, a.k_scale, a.v_scale,
       a.tp_rank, a.is_sparse ? &a.sparse : nullptr));
+}
+
+/// kpa's automatic entry point with the variants: several query tokens per sequence (vLLM's
+/// query_start_loc; each attends the keys up to its own position), a soft cap, a sliding window
+/// and sinks, besides v1 / v2's arguments (no block-sparse pattern, no tp_rank).
+void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                     const at::Tensor& value_cache, int64_t num_kv_heads, double scale, const at::Tensor& block_tables,
+                     const at::Tensor& seq_lens, const c10::optional<at::Tensor>& query_start_loc,
+                     int64_t max_seq_len, const c10::optional<at::Tensor>& alibi_slopes,
+                     const std::string& kv_cache_dtype, const at::Tensor& k_scale, const at::Tensor& v_scale,
+                     double logits_soft_cap, int64_t sliding_window, const c10::optional<at::Tensor>& sinks) {
+  constexpr const char* op = "kpa.paged_attention";
+  Attention a = check_attention(op, out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens,
+                                key_cache.dim() == 5 ? key_cache.size(3) : 0, max_seq_len, alibi_slopes,
+                                kv_cache_dtype, k_scale, v_scale, 0, 0, 0, 64, 0, query_start_loc);
+  TORCH_CHECK_VALUE(logits_soft_cap >= 0, op, ": logits_soft_cap must be 0 (off) or positive, got ", logits_soft_cap);
+  TORCH_CHECK_VALUE(sliding_window >= 0 && sliding_window <= INT_MAX, op,
+                    ": sliding_window must be 0 (off) or a positive int, got ", sliding_window);
+  if (sinks) {
+    expect_shape(op, "sinks", *sinks, {a.num_heads});
+    expect_dtype(op, "sinks", *sinks, at::kFloat);
+    expect_same_device(op, "sinks", *sinks, "out", out);
+  }
+  const Where where = where_of(op, out);
+  if (where == Where::Meta) return;
+  const Launch launch = run_on(op, where, out);
+  prepare(op, a, launch, query, block_tables, seq_lens, alibi_slopes, k_scale, v_scale, query_start_loc);
+  const at::Tensor sink_values = sinks ? sinks->contiguous() : at::Tensor();
+  kpa_attention_options options;
+  kpa_attention_options_init(&options);
+  options.scale = static_cast<float>(scale);
+  options.k_scale = a.k_scale;
+  options.v_scale = a.v_scale;
+  options.alibi_slopes = a.has_alibi ? a.alibi.data_ptr<float>() : nullptr;
+  options.logits_soft_cap = static_cast<float>(logits_soft_cap);
+  options.sliding_window = static_cast<int>(sliding_window);
+  options.sinks = sinks ? sink_values.data_ptr<float>() : nullptr;
+  options.query_start_loc = query_start_loc ? static_cast<const int32_t*>(a.query_start_loc.data_ptr()) : nullptr;
+  options.num_tokens = a.num_tokens;
+  options.check_indices = indices_checked() ? 1 : 0;
+  check_status(kpa_paged_attention_ex(
+      data_or_null(out), data_or_null(a.query), a.dtype, data_or_null(key_cache), data_or_null(value_cache),
+      a.cache_dtype, a.num_seqs, a.num_heads, a.num_kv_heads, a.head_size, a.num_blocks, a.block_size,
+      static_cast<const int32_t*>(data_or_null(a.block_tables)), a.max_blocks_per_seq,
+      static_cast<const int32_t*>(data_or_null(a.seq_lens)), a.max_seq_len, &options));
 }
 
 void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache, at::Tensor& value_cache,
@@ -557,6 +615,11 @@ TORCH_LIBRARY(kpa, m) {
       "Tensor v_scale, int tp_rank, int blocksparse_local_blocks, int blocksparse_vert_stride, "
       "int blocksparse_block_size, int blocksparse_head_sliding_step) -> ()");
   m.def(
+      "paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, "
+      "float scale, Tensor block_tables, Tensor seq_lens, Tensor? query_start_loc, int max_seq_len, "
+      "Tensor? alibi_slopes, str kv_cache_dtype, Tensor k_scale, Tensor v_scale, float logits_soft_cap=0., "
+      "int sliding_window=0, Tensor? sinks=None) -> ()");
+  m.def(
       "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
       "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()");
   m.def("copy_blocks(Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, Tensor block_mapping) -> ()");
@@ -569,12 +632,13 @@ TORCH_LIBRARY(kpa, m) {
 
 namespace {
 
-constexpr const char* kTensorOperators[] = {"paged_attention_v1", "paged_attention_v2", "reshape_and_cache",
-                                            "copy_blocks", "swap_blocks"};
+constexpr const char* kTensorOperators[] = {"paged_attention_v1", "paged_attention_v2", "paged_attention",
+                                            "reshape_and_cache", "copy_blocks", "swap_blocks"};
 
 void register_kernels(torch::Library& m) {
   m.impl("paged_attention_v1", &paged_attention_v1);
   m.impl("paged_attention_v2", &paged_attention_v2);
+  m.impl("paged_attention", &paged_attention);
   m.impl("reshape_and_cache", &reshape_and_cache);
   m.impl("copy_blocks", &copy_blocks);
   m.impl("swap_blocks", &swap_blocks);

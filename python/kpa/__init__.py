@@ -31,6 +31,29 @@ def host_isa() -> str:
     return torch.ops.kpa.host_isa()
 
 
+def paged_attention(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
+                    query_start_loc=None, max_seq_len=None, alibi_slopes=None, kv_cache_dtype="auto", k_scale=1.0,
+                    v_scale=1.0, logits_soft_cap=0.0, sliding_window=0, sinks=None) -> None:
+    """Paged attention with the launch planner's choice of kernels and kpa's variants, in vLLM's
+    cache layouts (``torch.ops.kpa.paged_attention``):
+
+    - ``query_start_loc`` [num_seqs + 1] (vLLM's convention): sequence s has the query rows
+      query_start_loc[s] to query_start_loc[s + 1], its last tokens, each attending the keys up to
+      its own position; None: one query token per sequence (a decode step);
+    - ``max_seq_len``: the longest of seq_lens (None: computed, which reads seq_lens on the host);
+    - ``logits_soft_cap`` c > 0: logit = c tanh(logit / c); ``sliding_window`` W > 0: a query at
+      position p attends keys p - W < j <= p; ``sinks`` [num_heads] float32: a logit per head that
+      joins each softmax denominator.
+
+    out and query are [num_tokens, num_heads, head_size]; the rest as in kpa.vllm_ops."""
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max()) if seq_lens.numel() else 0
+    torch.ops.kpa.paged_attention(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
+                                  query_start_loc, max_seq_len, alibi_slopes, kv_cache_dtype,
+                                  vllm_ops._as_tensor(k_scale), vllm_ops._as_tensor(v_scale), logits_soft_cap,
+                                  sliding_window, sinks)
+
+
 def set_check_indices(enabled: bool) -> bool:
     """Whether the operators check the indices they follow before launching (on by default):
     seq_lens and block_tables, slot_mapping, block_mapping, and that int64 tables fit int32. The
@@ -39,4 +62,4 @@ def set_check_indices(enabled: bool) -> bool:
     return torch.ops.kpa.set_check_indices(enabled)
 
 
-__all__ = ["vllm_ops", "host_isa", "set_check_indices", "built_for_cuda", "__version__"]
+__all__ = ["vllm_ops", "paged_attention", "host_isa", "set_check_indices", "built_for_cuda", "__version__"]

@@ -46,6 +46,18 @@ def test_opcheck_paged_attention_v2(dtype, kv_cache_dtype):
                           (torch.empty_like(p.query),) + triple + attention_args(p, 600))
 
 
+@pytest.mark.parametrize("dtype,kv_cache_dtype", ATTENTION_CASES, ids=str)
+def test_opcheck_paged_attention(dtype, kv_cache_dtype):
+    """Several query tokens per sequence, a soft cap, a window and sinks."""
+    p = problem(dtype, kv_cache_dtype)
+    query = torch.rand(9, 8, 64, device=DEVICE).to(dtype)
+    starts = torch.tensor([0, 4, 5, 9], dtype=torch.int32, device=DEVICE)
+    sinks = torch.rand(8, device=DEVICE)
+    torch.library.opcheck(torch.ops.kpa.paged_attention.default,
+                          (torch.empty_like(query), query) + attention_args(p, 600)[1:7] + (starts, 600, None)
+                          + attention_args(p, 600)[10:13] + (2.0, 128, sinks))
+
+
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 def test_opcheck_reshape_and_cache(kv_cache_dtype):
     tokens, kv_heads, d, block, blocks = 7, 2, 64, 16, 4

