@@ -135,10 +135,13 @@ build_kpa() {
 # installed into BUILD/python-site.
 torch_extension() {
   local from=$1
-  cmake --install "$from" --prefix "$from/python-prefix" &&
-    rm -rf "$from/python-site" &&
-    KPA_PREFIX=$from/python-prefix python3 -m pip install --no-build-isolation --no-index --no-deps \
-      --target "$from/python-site" "$repo/python"
+  cmake --install "$from" --prefix "$from/python-prefix" || return 1
+  rm -rf "$from/python-site"
+  KPA_PREFIX=$from/python-prefix python3 -m pip install --no-build-isolation --no-index --no-deps \
+    --target "$from/python-site" "$repo/python" && return 0
+  log "pip could not install the package (no pip, setuptools or wheel?): building it with setup.py"
+  (cd "$repo/python" && KPA_PREFIX=$from/python-prefix python3 setup.py build --build-base "$from/python-build") &&
+    mkdir -p "$from/python-site" && cp -r "$from"/python-build/lib*/kpa "$from/python-site/"
 }
 
 # run_checks TESTS_DIR BENCH_DIR LIBKPA [BUILD]: the checks, on the test binaries in TESTS_DIR,

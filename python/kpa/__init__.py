@@ -4,7 +4,8 @@ Importing the package registers kpa's operators as ``torch.ops.kpa.*`` (vLLM's s
 paged_attention_v1, paged_attention_v2, reshape_and_cache, copy_blocks, swap_blocks) and
 provides :mod:`kpa.vllm_ops`, functions with the signatures of ``vllm._custom_ops``. The
 operators take CPU tensors, and CUDA tensors too when the package was built against a CUDA build
-of kpa (``kpa.built_for_cuda``): those run on torch's current stream.
+of kpa (``kpa.built_for_cuda``): those run on torch's current stream. :mod:`kpa.vllm_backend` is
+kpa as an attention backend of vLLM's engine, which vLLM finds through :mod:`kpa.vllm_plugin`.
 """
 
 import importlib.util
