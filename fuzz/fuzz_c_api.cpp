@@ -322,6 +322,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   FuzzedDataProvider in(data, size);
+  // Every input starts with the index check on: an input may end with it off, and the calls
+  // below count on it wherever they pass bad indices.
+  kpa_set_check_indices(1);
   Call c;
   const int entry = in.ConsumeIntegralInRange(0, 6);
   if (entry >= 5) {  // the block copies share nothing with the attention calls below
