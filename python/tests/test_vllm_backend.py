@@ -19,8 +19,8 @@ VLLM_CPU = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
 #: float32 models: both backends' attention is float32 throughout, so their log-probabilities agree
 #: to float32 rounding carried through two layers.
 LOGPROB_TOLERANCE = 1e-3
-#: fp8 (E4M3) caches keep 3 mantissa bits, a relative error up to 1/16 per cached element: the
-#: first generated token's log-probability moves by about 0.1 on this model (either backend).
+#: fp8 (E4M3) caches keep 3 mantissa bits, a relative error up to 1/16 per cached element, which
+#: moves log-probabilities by tenths in either backend.
 FP8_LOGPROB_TOLERANCE = 0.25
 
 
