@@ -14,7 +14,7 @@
 #                 vLLM's CPU attention backend and with kpa's, single process and tensor-parallel 2;
 #   --throughput  python/benchmarks/vllm_throughput.py: vLLM's offline generation throughput with
 #                 either backend, one run.
-# The environment: <repo>/.deps/vllm-VERSION/bin/python (e.g. `... -m vllm.entrypoints.cli.main serve`).
+# The environment: <repo>/.deps/vllm-VERSION (e.g. `.deps/vllm-0.32.0/bin/vllm serve MODEL --attention-backend CUSTOM`).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

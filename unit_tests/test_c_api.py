@@ -27,6 +27,7 @@ lib.kpa_paged_attention_v2.argtypes = [P, P, P, P, I64, I64, P] + ATTENTION
 lib.kpa_reshape_and_cache.argtypes = [P, P, I, P, P, I, I64, I64, I64, I64, I64, P, F, F]
 lib.kpa_set_check_indices.argtypes = [I]
 lib.kpa_set_execution.argtypes = [I, P]
+lib.kpa_check_indices.argtypes = []
 KPA_MEMORY_DEFAULT, KPA_MEMORY_HOST = range(2)
 
 
@@ -43,7 +44,7 @@ lib.kpa_paged_attention_ex.argtypes = [P, P, I, P, P, I, I64, I64, I64, I64, I64
                                        ctypes.POINTER(Options)]
 lib.kpa_merge_attn_states.argtypes = [P, P, P, P, P, P, I, I64, I64, I64]
 for name in ("kpa_paged_attention_v1", "kpa_paged_attention_v2", "kpa_paged_attention", "kpa_reshape_and_cache",
-             "kpa_set_check_indices", "kpa_set_execution", "kpa_paged_attention_ex", "kpa_merge_attn_states"):
+             "kpa_set_check_indices", "kpa_check_indices", "kpa_set_execution", "kpa_paged_attention_ex", "kpa_merge_attn_states"):
     getattr(lib, name).restype = I
 
 
@@ -369,10 +370,12 @@ unread[1, 0] = -7  # sequence 1 is empty
 args[10] = ptr(unread)
 check(lib.kpa_paged_attention(ptr(out), ptr(query), *args) == KPA_OK, "unused row entries are never checked")
 check(lib.kpa_set_check_indices(0) == 1, "index check on by default")
+check(lib.kpa_check_indices() == 0, "kpa_check_indices reads the setting (off)")
 args[10] = ptr(block_tables)
 check(lib.kpa_paged_attention(ptr(out), ptr(query), *args) == KPA_OK, "unchecked call")
 check(np.abs(out.astype(np.float64) - reference(keys, values)).max() < 1e-3, "unchecked call result")
 check(lib.kpa_set_check_indices(1) == 0, "kpa_set_check_indices returns the previous setting")
+check(lib.kpa_check_indices() == 1, "kpa_check_indices reads the setting (on)")
 
 # kpa_set_execution: the calling thread's calls on the host back end with host pointers (on a
 # CUDA build, its OpenMP or Serial back end; on a CPU build the default), and on a CUDA build on a
