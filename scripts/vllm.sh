@@ -14,7 +14,9 @@
 #                 vLLM's CPU attention backend and with kpa's, single process and tensor-parallel 2;
 #   --throughput  python/benchmarks/vllm_throughput.py: vLLM's offline generation throughput with
 #                 either backend, one run.
-# The environment: <repo>/.deps/vllm-VERSION (e.g. `.deps/vllm-0.32.0/bin/vllm serve MODEL --attention-backend CUSTOM`).
+# The environment: <repo>/.deps/vllm-VERSION, e.g. `.deps/vllm-0.32.0/bin/python -m
+# vllm.entrypoints.openai.api_server --model MODEL --attention-backend CUSTOM` (an OpenAI-compatible
+# server with kpa's backend).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
