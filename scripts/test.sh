@@ -23,7 +23,8 @@
 #      kernel launched through constant memory), the installed package built by a separate
 #      project, and the PyTorch operators' CUDA extension built against torch 2.13 and the CUDA
 #      build (<repo>/build-cuda/python-venv-torch2) with the package's libkpa checked the same
-#      way. On a machine with an NVIDIA GPU of the build's major version the CUDA build's tests
+#      way; then the machine-code gates of the streaming device kernel for sm_80 and sm_90
+#      (scripts/device-gates.sh: NVIDIA's cuobjdump from the Python package index). On a machine with an NVIDIA GPU of the build's major version the CUDA build's tests
 #      and the pytest suite on CUDA tensors run too (other GPUs: scripts/gpu-check.sh).
 # A second run reuses the dependency prefixes and the build folders.
 set -euo pipefail
@@ -71,6 +72,8 @@ objdump -p "$package"/_torch_ops*.so | grep -q 'NEEDED.*libc10_cuda' ||
 python3 "$repo/scripts/check_device_code.py" --arch "${arch//[!0-9]/}" --no-constant-memory-launch \
   "$cuda_build/unit_tests/kpa-unit-tests" "$cuda_build/perf_tests/kpa-bench" "$(readlink -f "$cuda_build/libkpa.so")" \
   "$(ls "$package"/libkpa.so.* | head -n1)"
+log "machine-code gates of the streaming device kernel (sm_80, sm_90)"
+CUDA_BUILD_DIR=$cuda_build "$repo/scripts/device-gates.sh" "$(readlink -f "$cuda_build/libkpa.so")"
 gpu_sm=$("$repo/scripts/gpu-sm.sh")
 build_sm=${arch//[!0-9]/}
 if [ -n "$gpu_sm" ] && [ "${gpu_sm:0:1}" = "${build_sm:0:1}" ]; then

@@ -219,7 +219,8 @@ void plan_kernel_path(const DeviceProfile& profile, const PlanOptions& options, 
   const BackEndLimits& limits = profile.limits;
   bool device_path = false;
   switch (options.kernel_path) {
-    case PlanOptions::Path::Device: device_path = true; break;
+    case PlanOptions::Path::Device:
+    case PlanOptions::Path::DeviceChunked: device_path = true; break;
     case PlanOptions::Path::Host: device_path = false; break;
     case PlanOptions::Path::Auto: device_path = limits.device_path && (profile.is_gpu || !limits.host_path); break;
   }
@@ -228,7 +229,8 @@ void plan_kernel_path(const DeviceProfile& profile, const PlanOptions& options, 
                            " kernel path is not compiled for this back end" +
                            (device_path ? " (host back ends run it where KPA_ENABLE_DEVICE_PATH_ON_HOST is defined)" : ""));
   }
-  plan.kernel_path = device_path ? KernelPath::Device : KernelPath::Host;
+  const bool chunked = options.kernel_path == PlanOptions::Path::DeviceChunked || profile.chunked_device_path;
+  plan.kernel_path = !device_path ? KernelPath::Host : chunked ? KernelPath::DeviceChunked : KernelPath::Device;
   plan.host_isa = options.host_isa.value_or(profile.host_isa);
   if (!device_path && plan.host_isa > limits.best_host_isa) {
     throw UnsupportedError("kpa::plan_launch: host instruction set " + std::string(to_string(plan.host_isa)) +
@@ -243,7 +245,7 @@ void plan_team_shape(const DeviceProfile& profile, const ProblemShape& shape, co
   // A tile's rows: its sequence's query tokens x the group's query heads.
   const int tile_rows = shape.num_heads / shape.num_kv_heads * std::max(shape.max_query_len, 1);
   int chunk = kDeviceChunkTokens;
-  if (plan.kernel_path == KernelPath::Device) {
+  if (plan.kernel_path != KernelPath::Host) {
     plan.vector_length = options.vector_length > 0 ? options.vector_length
                                                    : std::min(kDeviceVectorLength, limits.max_vector_length);
     const int threads = static_cast<int>(
@@ -274,6 +276,61 @@ void plan_team_shape(const DeviceProfile& profile, const ProblemShape& shape, co
                std::to_string(limits.max_team_size) + ", threads per team <= " +
                std::to_string(limits.max_team_threads) + ")");
   }
+}
+
+/// The streaming device path's team scratch for steps of `tokens` tokens and `warps` team
+/// members (TileScratchLayout); 16-byte alignment of the ring is the kernel's carve's.
+TileScratchLayout streaming_layout(const ProblemShape& shape, int rows, int tokens, int warps) {
+  const std::size_t H = static_cast<std::size_t>(rows), D = static_cast<std::size_t>(shape.head_size);
+  const std::size_t W = static_cast<std::size_t>(warps), T = static_cast<std::size_t>(tokens);
+  const std::size_t e = static_cast<std::size_t>(shape.cache_element_size);
+  const std::size_t vector_elements = 16 / e;  // a 16-byte piece of a key or value row
+  const std::size_t value_groups = (T + vector_elements - 1) / vector_elements;
+  TileScratchLayout layout;
+  layout.q = 0;
+  layout.o = H * D;
+  layout.probs = layout.o + W * H * D;
+  layout.running = layout.probs + W * H * T;
+  layout.ring = round_up(static_cast<long long>(layout.running + 3 * W * H), 4);
+  layout.stage_floats = (T * D * e + value_groups * D * 16) / 4;
+  layout.floats = layout.ring + W * 2 * layout.stage_floats;
+  layout.ints = 0;
+  return layout;
+}
+
+/// The streaming device path's step (chunk_tokens), warps (team_size) and scratch, all in fast
+/// scratch; false where it cannot stream (then the chunked path runs). A step holds the most
+/// tokens, up to a warp's 32 lanes, whose keys and values take at most 8 KiB: two stages per
+/// warp and two warps then fit a GPU team's shared memory beside the queries and outputs.
+/// Steps cover whole blocks or divide them.
+bool plan_streaming(const DeviceProfile& profile, const ProblemShape& shape, const PlanOptions& options,
+                    LaunchPlan& plan) {
+  constexpr std::size_t kMaxStepBytes = 8 * 1024;
+  constexpr int kMaxWarps = 4;
+  const BackEndLimits& limits = profile.limits;
+  const int e = shape.cache_element_size;
+  if (shape.head_size % (16 / e) != 0) return false;  // keys are stored in 16-byte vectors
+  // A warp's lanes sync with the warp's mask: device back ends need whole warps.
+  if (!limits.host_path && plan.vector_length != kDeviceVectorLength) return false;
+  const int max_warps = std::min({kMaxWarps, limits.max_team_size, limits.max_team_threads / plan.vector_length});
+  for (int tokens = 32; tokens >= 1; tokens /= 2) {
+    if (tokens % shape.block_size != 0 && shape.block_size % tokens != 0) continue;
+    const std::size_t step_bytes = static_cast<std::size_t>(tokens) * shape.head_size * e * 2;
+    if (step_bytes > kMaxStepBytes && tokens > 1) continue;
+    for (int warps = options.team_size > 0 ? options.team_size : max_warps; warps >= 1; --warps) {
+      const TileScratchLayout layout = streaming_layout(shape, plan.rows_per_pass, tokens, warps);
+      if (layout.bytes() <= limits.max_scratch_level0_bytes) {
+        plan.chunk_tokens = tokens;
+        plan.team_size = warps;
+        plan.scratch_layout = layout;
+        plan.scratch_bytes = layout.bytes();
+        plan.scratch_level = 0;
+        return true;
+      }
+      if (options.team_size > 0) break;
+    }
+  }
+  return false;
 }
 
 /// The team scratch of a tile pass (the kernels carve it as laid out here).
@@ -320,7 +377,10 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
   plan.profile = profile.name;
   plan_kernel_path(profile, options, plan);
   plan_team_shape(profile, shape, options, plan);
-  plan_scratch(profile, shape, plan);
+  if (plan.kernel_path == KernelPath::Device && !plan_streaming(profile, shape, options, plan)) {
+    plan.kernel_path = KernelPath::DeviceChunked;
+  }
+  if (plan.kernel_path != KernelPath::Device) plan_scratch(profile, shape, plan);
   if (profile.occupancy_from_kernel && occupancy) {
     // The team shape does not depend on occupancy; the league does.
     if (const int resident = occupancy(plan); resident > 0 && resident != profile.sm_occupancy) {
@@ -334,7 +394,14 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
   return plan;
 }
 
-std::string_view to_string(KernelPath path) { return path == KernelPath::Device ? "device" : "host"; }
+std::string_view to_string(KernelPath path) {
+  switch (path) {
+    case KernelPath::Host: return "host";
+    case KernelPath::Device: return "device";
+    case KernelPath::DeviceChunked: return "device-chunked";
+  }
+  return "unknown";
+}
 
 std::ostream& operator<<(std::ostream& os, const LaunchPlan& plan) {
   os << "LaunchPlan{profile=" << plan.profile << " kernel_path=" << to_string(plan.kernel_path);

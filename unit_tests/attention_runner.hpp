@@ -99,11 +99,14 @@ std::vector<kpa::PlanOptions> kernel_paths(const kpa::PlanOptions& base) {
     }
   }
   if (limits.device_path) {
-    kpa::PlanOptions device = base;
-    device.kernel_path = kpa::PlanOptions::Path::Device;
-    if (device.team_size == 0) device.team_size = std::min<int>(2, static_cast<int>(Space().concurrency()));
-    if (device.vector_length == 0) device.vector_length = 4;
-    paths.push_back(device);
+    for (auto path : {kpa::PlanOptions::Path::Device, kpa::PlanOptions::Path::DeviceChunked}) {
+      if (base.kernel_path == kpa::PlanOptions::Path::Device && path != base.kernel_path) continue;
+      kpa::PlanOptions device = base;
+      device.kernel_path = path;
+      if (device.team_size == 0) device.team_size = std::min<int>(2, static_cast<int>(Space().concurrency()));
+      if (device.vector_length == 0) device.vector_length = 4;
+      paths.push_back(device);
+    }
   }
   return paths;
 }
@@ -114,7 +117,9 @@ inline std::string path_name(const kpa::PlanOptions& options) {
       return std::string("host path (") + (options.host_isa ? std::string(kpa::to_string(*options.host_isa)) : "default") +
              " loops)";
     case kpa::PlanOptions::Path::Device:
-      return "device path (team " + std::to_string(options.team_size) + " x vector " +
+    case kpa::PlanOptions::Path::DeviceChunked:
+      return std::string(options.kernel_path == kpa::PlanOptions::Path::Device ? "streaming" : "chunked") +
+             " device path (team " + std::to_string(options.team_size) + " x vector " +
              std::to_string(options.vector_length) + ")";
     default: return "default path";
   }
@@ -123,6 +128,12 @@ inline std::string path_name(const kpa::PlanOptions& options) {
 template <class T, class Space, class C>
 void check_versions(DeviceProblem<T, Space, C>& d, const HostProblem& p, int partition_size,
                     const kpa::PlanOptions& options = {}, bool auto_partition = true);
+
+/// Automatic-entry-point runs checked so far whose plan streamed (KernelPath::Device).
+inline int& streaming_runs() {
+  static int runs = 0;
+  return runs;
+}
 
 /// Runs every version of `p` on every kernel path (kernel_paths) and compares each with the
 /// reference. v2 uses `partition_size`; the automatic path uses it too when `auto_partition` is
@@ -151,7 +162,10 @@ void check_versions(DeviceProblem<T, Space, C>& d, const HostProblem& p, int par
       const std::string what = std::string(version_name(version)) + ", " + path_name(path) + ", head_size " +
                                std::to_string(p.head_size) + " block_size " + std::to_string(p.block_size);
       expect_close_to_reference<T>(d.out, ref.out, what);
-      if (version == Version::Auto) expect_close_to_reference<float>(d.lse, ref.lse, what + ", lse");
+      if (version == Version::Auto) {
+        expect_close_to_reference<float>(d.lse, ref.lse, what + ", lse");
+        if (workspace.last_plan().kernel_path == kpa::KernelPath::Device) ++streaming_runs();
+      }
     }
   }
 }

@@ -139,26 +139,93 @@ TEST(LaunchPlan, HostChunksOfFp8CachesWithFewRowsAreShorter) {
     s.cache_element_size = bytes;
     EXPECT_EQ(kpa::plan_launch(host, s).chunk_tokens, expected) << heads << "/" << kv_heads << " x " << query_len
                                                                << ", " << bytes << " byte(s)";
-    EXPECT_EQ(kpa::plan_launch(gpu, s).chunk_tokens, 256) << heads << "/" << kv_heads << " x " << query_len;
+    kpa::PlanOptions chunked;
+    chunked.kernel_path = kpa::PlanOptions::Path::DeviceChunked;
+    EXPECT_EQ(kpa::plan_launch(gpu, s, chunked).chunk_tokens, 256) << heads << "/" << kv_heads << " x " << query_len;
   }
   kpa::ProblemShape big_blocks = shape(4, 32, 32, 4096, 256);
   big_blocks.cache_element_size = 1;
   EXPECT_EQ(kpa::plan_launch(host, big_blocks).chunk_tokens, 256);
 }
 
-// GPU profiles run the device path: a warp of lanes per team member and about one team thread
-// per head dimension (two to eight warps).
-TEST(LaunchPlan, GpuProfilesRunTheDevicePathWithAThreadPerDimension) {
+// GPU profiles run the streaming device path: a warp per team member, steps of at most 32
+// tokens whose keys and values take at most 8 KiB, whole blocks or a block's equal parts, and as
+// many warps (up to 4) as fit fast scratch with two stages each.
+TEST(LaunchPlan, GpuProfilesStreamInStepsThatFitFastScratch) {
   const auto profile = kpa::DeviceProfile::bi_v100();
+  for (int bytes : {1, 2, 4}) {
+    for (int block_size : {8, 16, 32, 128}) {
+      for (int head_size : {64, 128, 256}) {
+        kpa::ProblemShape s = shape(32, 32, 8, 4096, block_size, head_size);
+        s.cache_element_size = bytes;
+        const auto plan = kpa::plan_launch(profile, s);
+        const std::string what = std::to_string(bytes) + " B, block " + std::to_string(block_size) + ", d" +
+                                 std::to_string(head_size);
+        ASSERT_EQ(plan.kernel_path, kpa::KernelPath::Device) << what;
+        EXPECT_EQ(plan.vector_length, 32) << what;
+        EXPECT_GE(plan.team_size, 1) << what;
+        EXPECT_LE(plan.team_size, 4) << what;
+        EXPECT_LE(plan.chunk_tokens, 32) << what;
+        EXPECT_TRUE(plan.chunk_tokens % block_size == 0 || block_size % plan.chunk_tokens == 0) << what;
+        EXPECT_LE(plan.chunk_tokens * head_size * bytes * 2, 8 * 1024) << what;
+        EXPECT_EQ(plan.scratch_level, 0) << what;
+        EXPECT_LE(plan.scratch_bytes, profile.limits.max_scratch_level0_bytes) << what;
+        EXPECT_EQ(plan.scratch_bytes, plan.scratch_layout.bytes()) << what;
+        // A longer step, or one more warp, would not fit.
+        const auto& layout = plan.scratch_layout;
+        EXPECT_EQ(layout.floats, layout.ring + plan.team_size * 2 * layout.stage_floats) << what;
+      }
+    }
+  }
+  // llama (32/8 heads, d128, f16, blocks of 16): steps of one block, two warps.
+  const auto llama = kpa::plan_launch(profile, shape(32, 32, 8, 4096, 16, 128));
+  EXPECT_EQ(llama.chunk_tokens, 16);
+  EXPECT_EQ(llama.team_size, 2);
+  EXPECT_EQ(llama.rows_per_pass, 4);
+  // Two stages of 16 tokens x 128 dims x 2 bytes, keys and values, per warp.
+  EXPECT_EQ(llama.scratch_layout.stage_floats, 16u * 128 * 2 * 2 / 4);
+  // KPA_DEVICE_PATH=chunked (the profile's flag) and the option run the chunked path.
+  auto chunked_profile = profile;
+  chunked_profile.chunked_device_path = true;
+  EXPECT_EQ(kpa::plan_launch(chunked_profile, shape(32, 32, 8, 4096)).kernel_path, kpa::KernelPath::DeviceChunked);
+  kpa::PlanOptions chunked;
+  chunked.kernel_path = kpa::PlanOptions::Path::DeviceChunked;
+  const auto plan = kpa::plan_launch(profile, shape(32, 32, 8, 4096), chunked);
+  EXPECT_EQ(plan.kernel_path, kpa::KernelPath::DeviceChunked);
+  EXPECT_EQ(plan.chunk_tokens, 256);
+  EXPECT_EQ(plan.team_size * plan.vector_length, 128);
+  EXPECT_EQ(kpa::to_string(plan.kernel_path), "device-chunked");
+}
+
+// The chunked device path: a warp of lanes per team member and about one team thread per head
+// dimension (two to eight warps), chunks of 256 tokens.
+TEST(LaunchPlan, TheChunkedDevicePathHasAThreadPerDimension) {
+  const auto profile = kpa::DeviceProfile::bi_v100();
+  kpa::PlanOptions chunked;
+  chunked.kernel_path = kpa::PlanOptions::Path::DeviceChunked;
   for (auto [head_size, threads] : {std::pair{32, 64}, {64, 64}, {80, 96}, {128, 128}, {192, 192}, {256, 256}}) {
-    const auto plan = kpa::plan_launch(profile, shape(32, 32, 8, 4096, 16, head_size));
-    EXPECT_EQ(plan.kernel_path, kpa::KernelPath::Device) << head_size;
+    const auto plan = kpa::plan_launch(profile, shape(32, 32, 8, 4096, 16, head_size), chunked);
+    EXPECT_EQ(plan.kernel_path, kpa::KernelPath::DeviceChunked) << head_size;
     EXPECT_EQ(plan.vector_length, 32) << head_size;
     EXPECT_EQ(plan.team_size * plan.vector_length, threads) << head_size;
     EXPECT_EQ(plan.chunk_tokens, 256) << head_size;
     EXPECT_EQ(plan.scratch_level, 0) << head_size;
   }
-  EXPECT_EQ(kpa::plan_launch(profile, shape(1, 8, 8, 100, 512)).chunk_tokens, 512);  // one block a chunk
+  EXPECT_EQ(kpa::plan_launch(profile, shape(1, 8, 8, 100, 512), chunked).chunk_tokens, 512);  // one block a chunk
+}
+
+// Where no step fits fast scratch, or a device back end's team member is no whole warp, the
+// device path runs chunked.
+TEST(LaunchPlan, TheDevicePathRunsChunkedWhereItCannotStream) {
+  auto profile = kpa::DeviceProfile::bi_v100();
+  profile.limits.max_scratch_level0_bytes = 4 * 1024;
+  EXPECT_EQ(kpa::plan_launch(profile, shape(4, 32, 4, 1000, 16, 256)).kernel_path, kpa::KernelPath::DeviceChunked);
+  profile = kpa::DeviceProfile::bi_v100();
+  kpa::PlanOptions half_warps;
+  half_warps.vector_length = 16;
+  EXPECT_EQ(kpa::plan_launch(profile, shape(4, 32, 4, 1000), half_warps).kernel_path, kpa::KernelPath::DeviceChunked);
+  profile.limits.host_path = true;  // a host back end: lanes loop, any vector length streams
+  EXPECT_EQ(kpa::plan_launch(profile, shape(4, 32, 4, 1000), half_warps).kernel_path, kpa::KernelPath::Device);
 }
 
 // Heads per pass: the fewest passes over K/V (each pass reads them once), then the least padding,
@@ -264,12 +331,14 @@ TEST(LaunchPlan, GpuPartitionsFillWholeWaves) {
 
 TEST(LaunchPlan, ScratchBeyondLevelZeroGoesToLevelOne) {
   auto profile = kpa::DeviceProfile::bi_v100();
-  const auto fits = kpa::plan_launch(profile, shape(4, 32, 4, 1000, 16, 256));
+  kpa::PlanOptions chunked;
+  chunked.kernel_path = kpa::PlanOptions::Path::DeviceChunked;
+  const auto fits = kpa::plan_launch(profile, shape(4, 32, 4, 1000, 16, 256), chunked);
   EXPECT_EQ(fits.scratch_level, 0);
   // q and o for 8 heads of 256 floats, 8 x 256 probabilities, block states and ids: 40 KiB is enough.
   EXPECT_GT(fits.scratch_bytes, 8u * 256 * 4 * 3);
   profile.limits.max_scratch_level0_bytes = fits.scratch_bytes - 1;
-  EXPECT_EQ(kpa::plan_launch(profile, shape(4, 32, 4, 1000, 16, 256)).scratch_level, 1);
+  EXPECT_EQ(kpa::plan_launch(profile, shape(4, 32, 4, 1000, 16, 256), chunked).scratch_level, 1);
 }
 
 TEST(LaunchPlan, OverridesAndBadShapes) {

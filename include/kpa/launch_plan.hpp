@@ -7,6 +7,7 @@
 // being one (sequence, kv head, partition).
 
 #include <kpa/detail/kokkos_compat.hpp>
+#include <kpa/error.hpp>
 #include <kpa/host_isa.hpp>
 
 #include <algorithm>
@@ -53,6 +54,9 @@ struct DeviceProfile {
   /// Instruction set of the host path's inner loops: detect() takes limits.best_host_isa, or
   /// the environment variable KPA_HOST_ISA ("portable", "avx2", "avx512") when set.
   HostIsa host_isa = HostIsa::Portable;
+  /// The device path runs chunked (KernelPath::DeviceChunked) where it would stream: detect()
+  /// sets it from the environment variable KPA_DEVICE_PATH ("chunked"; "streaming" is the default).
+  bool chunked_device_path = false;
 
   int resident_teams() const { return sm_count * sm_occupancy; }
   int max_blocks() const { return resident_teams() * subscription_factor; }
@@ -114,16 +118,22 @@ enum class KernelPath {
   /// CPU-shaped: team members take whole cache blocks and run register-blocked inner loops over
   /// a block's slots (the instruction set's loops from libkpa).
   Host,
-  /// GPU-shaped: each lane takes one token for q.k (16-byte key loads, no cross-lane sums) and
-  /// one head dimension for p.V (16-byte value loads); the chunk's softmax state is one team
-  /// reduction over all rows of the pass.
+  /// GPU-shaped, streaming: every team member (a warp) walks its own steps of a tile's tokens,
+  /// copying each step's keys and values into a two-stage ring in team scratch (asynchronous
+  /// copies where the device has them) while it computes the previous step from scratch; the
+  /// warps' softmax states merge once per pass.
   Device,
+  /// GPU-shaped, chunked: the whole team takes a chunk of tokens at a time, loading keys and
+  /// values straight from the cache, with a team reduction and barriers per chunk. It serves
+  /// head sizes whose streaming steps do not fit fast scratch, and A/B comparisons
+  /// (KPA_DEVICE_PATH=chunked).
+  DeviceChunked,
 };
 
 /// Caller overrides; 0 (or Auto) leaves the choice to the planner. The automatic kernel path is
 /// the device path on GPU profiles and the host path otherwise, among the paths the back end has.
 struct PlanOptions {
-  enum class Path { Auto, Host, Device };
+  enum class Path { Auto, Host, Device, DeviceChunked };
   int partition_size = 0;  ///< tokens per partition, a multiple of block_size
   int team_size = 0;
   int vector_length = 0;
@@ -145,11 +155,16 @@ using DeviceRowsPerPass = std::integer_sequence<int, 1, 2, 4, 8>;
 /// probs [H][chunk_tokens] (the chunk's logits, then probabilities), running [3][H] (the device
 /// path's running max, sum and merge weight per row; each row's output factor when a pass
 /// stores); then ints: the chunk's physical block ids (-1: attended by no row of the pass).
+/// The streaming device path has one of each per team member (warp) instead: o [W][H][D] (o is
+/// warp 0's), probs [W][H][chunk_tokens], running [3][W][H], and ring [W][2][stage_floats], two
+/// stages of a step's keys and values as the cache stores them.
 struct TileScratchLayout {
   std::size_t q = 0;
   std::size_t o = 0;
   std::size_t probs = 0;
   std::size_t running = 0;
+  std::size_t ring = 0;          ///< streaming device path only
+  std::size_t stage_floats = 0;  ///< streaming: one stage (keys, then values of chunk_tokens tokens)
   std::size_t floats = 0;  ///< all the floats
   std::size_t ints = 0;    ///< the block ids
 
@@ -169,7 +184,8 @@ struct LaunchPlan {
   int team_size = 0;
   int vector_length = 0;
   int rows_per_pass = 0;                 ///< query rows (heads x query tokens) per pass over a tile's K/V
-  int chunk_tokens = 0;                  ///< tokens whose logits sit in team scratch at once
+  int chunk_tokens = 0;                  ///< tokens whose logits sit in team scratch at once (streaming
+                                         ///< device path: a warp's step)
   TileScratchLayout scratch_layout;      ///< team scratch of the attention kernel
   std::size_t scratch_bytes = 0;         ///< scratch_layout.bytes()
   int scratch_level = 0;                 ///< 0 (fast, e.g. GPU shared memory) or 1
@@ -240,6 +256,13 @@ DeviceProfile DeviceProfile::detect(const Space& space) {
     profile.occupancy_from_kernel = true;
   }
   profile.limits = BackEndLimits::of(space);
+  if (const char* path = std::getenv("KPA_DEVICE_PATH"); path != nullptr && *path != '\0') {
+    const std::string_view name(path);
+    if (name != "chunked" && name != "streaming") {
+      throw Error("kpa: KPA_DEVICE_PATH is '" + std::string(name) + "' (expected 'streaming' or 'chunked')");
+    }
+    profile.chunked_device_path = name == "chunked";
+  }
   profile.host_isa = detail::chosen_host_isa(profile.limits.best_host_isa);
   return profile;
 }

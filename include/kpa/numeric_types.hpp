@@ -9,6 +9,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#endif
+
 namespace kpa {
 
 /// IEEE 754 binary16 storage.
@@ -23,8 +28,12 @@ struct bfloat16 {
 
 static_assert(sizeof(half) == 2 && sizeof(bfloat16) == 2, "kpa storage types must be 2 bytes");
 
-/// Exact: every binary16 value is a float. A signalling NaN comes back quiet.
+/// Exact: every binary16 value is a float. A signalling NaN comes back quiet (NaN stays NaN; on
+/// CUDA devices the hardware conversion decides the payload).
 KOKKOS_INLINE_FUNCTION float to_float(half h) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(h.bits));
+#else
   const std::uint32_t sign = static_cast<std::uint32_t>(h.bits & 0x8000u) << 16;
   const std::uint32_t magnitude = h.bits & 0x7fffu;
   // Shifting exponent and mantissa into float position and scaling by 2^112 rebiases the
@@ -36,6 +45,7 @@ KOKKOS_INLINE_FUNCTION float to_float(half h) {
     value = detail::compat::bit_cast<float>(0x7f800000u | payload | (payload != 0u ? 0x400000u : 0u));
   }
   return detail::compat::bit_cast<float>(detail::compat::bit_cast<std::uint32_t>(value) | sign);
+#endif
 }
 
 /// Round to nearest even; overflow goes to infinity, NaN stays NaN.
@@ -65,11 +75,16 @@ KOKKOS_INLINE_FUNCTION half to_half(float f) {
   return half{static_cast<std::uint16_t>(sign | (rounded >> 13))};
 }
 
-/// Exact; a signalling NaN comes back quiet, as from hardware conversions.
+/// Exact; a signalling NaN comes back quiet, as from hardware conversions (on CUDA devices NaN
+/// stays NaN, the arithmetic that follows quiets it).
 KOKKOS_INLINE_FUNCTION float to_float(bfloat16 b) {
   const std::uint32_t bits = static_cast<std::uint32_t>(b.bits) << 16;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
   const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
   return detail::compat::bit_cast<float>(nan ? bits | 0x400000u : bits);
+#endif
 }
 
 /// Round to nearest even; overflow goes to infinity, NaN stays NaN.
@@ -137,17 +152,26 @@ KOKKOS_INLINE_FUNCTION std::uint8_t fp8_round_magnitude(std::uint32_t magnitude)
 
 }  // namespace detail
 
-/// Exact. NaN codes give a quiet NaN.
+/// Exact. NaN codes give a quiet NaN. CUDA devices of compute capability 8.9 and newer widen in
+/// hardware (every E4M3 value is a binary16 value).
 KOKKOS_INLINE_FUNCTION float to_float(fp8_e4m3 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(v.bits, __NV_E4M3)));
+#else
   const std::uint32_t magnitude = v.bits & 0x7fu;
   float value = detail::fp8_magnitude_to_float<3, 7>(magnitude);
   if (magnitude == 0x7fu) value = detail::compat::bit_cast<float>(0x7fc00000u);
   return detail::compat::bit_cast<float>(detail::compat::bit_cast<std::uint32_t>(value) |
                                          (static_cast<std::uint32_t>(v.bits & 0x80u) << 24));
+#endif
 }
 
-/// Exact. Infinities stay infinite; NaN codes give a quiet NaN.
+/// Exact. Infinities stay infinite; NaN codes give a quiet NaN. On CUDA devices the code is the
+/// upper byte of a binary16 value, widened in hardware.
 KOKKOS_INLINE_FUNCTION float to_float(fp8_e5m2 v) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(v.bits << 8)));
+#else
   const std::uint32_t magnitude = v.bits & 0x7fu;
   float value = detail::fp8_magnitude_to_float<2, 15>(magnitude);
   if (magnitude >= 0x7cu) {
@@ -155,6 +179,7 @@ KOKKOS_INLINE_FUNCTION float to_float(fp8_e5m2 v) {
   }
   return detail::compat::bit_cast<float>(detail::compat::bit_cast<std::uint32_t>(value) |
                                          (static_cast<std::uint32_t>(v.bits & 0x80u) << 24));
+#endif
 }
 
 /// Round to nearest even, saturated to +-448 (infinities included); NaN gives NaN (S.1111.111).

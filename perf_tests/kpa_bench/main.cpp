@@ -6,6 +6,7 @@
 #ifdef KPA_BENCH_DENSE_BASELINE
 #include "dense_baseline.hpp"
 #endif
+#include "in_flight_probe.hpp"
 #include "machine_limits.hpp"
 #include "reference.hpp"
 
@@ -72,6 +73,7 @@ struct Options {
   std::uint64_t seed = 0;
   int warmup = 2, iters = 10, baseline_iters = 3;
   bool check = false, baselines = true, warm_cache = false;
+  bool in_flight_probe = false;
   std::string json, csv;
 };
 
@@ -236,6 +238,10 @@ Options parse(int argc, char** argv) {
                "as serving meets a cold cache)")
       ->group(run);
   app.add_flag("--check", o.check, "compare a sample with the float64 reference, print the max error")->group(run);
+  app.add_flag("--in-flight-probe", o.in_flight_probe,
+               "GPU: read bandwidth with 1-8 independent 16-byte loads per lane x 8-64 warps per SM, and the "
+               "memory latency each implies (no workloads run)")
+      ->group(run);
   app.add_option("--json", o.json, "write the results as JSON")->group(run);
   app.add_option("--csv", o.csv, "write the results as CSV")->group(run);
   try {
@@ -669,6 +675,24 @@ void write_csv(const std::string& path, const std::vector<nlohmann::ordered_json
 }
 
 int run(const Options& o) {
+  if (o.in_flight_probe) {
+    const std::vector<InFlightPoint> points = in_flight_probe(Space());
+    if (points.empty()) {
+      std::fprintf(stderr, "[kpa-bench] --in-flight-probe needs a GPU back end (%s has no SMs)\n", Space::name());
+      return 2;
+    }
+    std::printf("loads/lane  warps/SM  in flight/SM (KiB)  read (GB/s)  implied latency (us)\n");
+    nlohmann::json rows = nlohmann::json::array();
+    for (const InFlightPoint& p : points) {
+      std::printf("%10d  %8d  %18.1f  %11.1f  %20.2f\n", p.loads_per_lane, p.warps_per_sm, p.in_flight_bytes / 1024,
+                  p.bytes_per_s / 1e9, p.latency_us);
+      rows.push_back({{"loads_per_lane", p.loads_per_lane}, {"warps_per_sm", p.warps_per_sm},
+                      {"in_flight_bytes_per_sm", p.in_flight_bytes}, {"read_gbps", p.bytes_per_s / 1e9},
+                      {"latency_us", p.latency_us}});
+    }
+    if (!o.json.empty()) std::ofstream(o.json) << nlohmann::json{{"in_flight_probe", rows}}.dump(2) << "\n";
+    return 0;
+  }
   std::fprintf(stderr, "[kpa-bench] measuring the machine's read bandwidth and FMA throughput\n");
   const MachineLimits limits = measure_machine_limits(Space());
   const auto flush = o.warm_cache ? std::shared_ptr<CacheFlusher<Space>>() : std::make_shared<CacheFlusher<Space>>(Space());

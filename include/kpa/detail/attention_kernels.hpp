@@ -6,7 +6,7 @@
 // are computed in passes of up to Path::rows rows (a compile-time constant the planner chose), so
 // every pass reads each K/V element once for all of its rows. A pass loads the pre-scaled
 // queries into team scratch, hands its kernel path a PassContext (HostPath: CPU-shaped,
-// DevicePath: GPU-shaped; the same online softmax, SoftmaxReducer and AttentionVariant), and
+// StreamingPath and ChunkedPath: GPU-shaped; the same online softmax, SoftmaxReducer and AttentionVariant), and
 // stores the normalised output and LSE (Output::Final) or vLLM's v2 partition triple
 // max_logits / exp_sums / tmp_out (Output::Partition). The paths never see the kernel.
 //
@@ -14,10 +14,11 @@
 // states (and the sink) with the same SoftmaxReducer and sums the normalised partition outputs
 // by their shares.
 
-#include <kpa/detail/device_path.hpp>
+#include <kpa/detail/chunked_path.hpp>
 #include <kpa/detail/host_path.hpp>
 #include <kpa/detail/kernel_params.hpp>
 #include <kpa/detail/softmax_state.hpp>
+#include <kpa/detail/streaming_path.hpp>
 #include <kpa/numeric_types.hpp>
 
 #include <cstdint>
@@ -44,7 +45,8 @@ struct PartitionKernel {
   static constexpr int H = Path::rows;
   using CacheT = typename Path::cache_type;  ///< element type the caches are read as (fp8 formats for byte caches)
   using execution_space = Space;
-  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::Schedule<Kokkos::Dynamic>, compat::KernelArgumentLaunch>;
+  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::Schedule<Kokkos::Dynamic>, compat::KernelArgumentLaunch,
+                                         typename Path::launch_bounds>;
   using member_type = typename policy_type::member_type;
   using views_type = AttentionViews<Space, T, TmpT>;
 
@@ -75,7 +77,8 @@ struct PartitionKernel {
   };
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& member) const {
-    const TileScratch scratch = TileScratch::carve(member, params.scratch_level, params.scratch);
+    const TileScratch scratch = Path::scratch_in_level0 ? TileScratch::carve(member, 0, params.scratch)
+                                                        : TileScratch::carve(member, params.scratch_level, params.scratch);
     int first = 0, count = 0;
     even_share(params.tiles, params.league_size, member.league_rank(), first, count);
     for (int tile = first; tile < first + count; ++tile) run_tile(member, scratch, tile);

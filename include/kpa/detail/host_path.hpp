@@ -27,6 +27,8 @@ template <int H, class CacheT>
 struct HostPath {
   static constexpr int rows = H;
   using cache_type = CacheT;
+  static constexpr bool scratch_in_level0 = false;  ///< the planner may put its scratch in level 1
+  using launch_bounds = Kokkos::LaunchBounds<>;
   /// Blocks of the next chunk a member's BlockPrefetcher lists (at most).
   static constexpr int kPrefetchBlocks = 64;
 

@@ -70,13 +70,17 @@ struct TileScratch {
   float* probs;      ///< [H][chunk_tokens]
   float* running;    ///< [3][H]
   int* block_ids;    ///< [chunk_blocks]
+  float* ring;       ///< streaming device path: [team members][2][stage_floats]
+  int stage_floats;  ///< streaming device path: one stage of the ring
 
   template <class Member>
   KOKKOS_INLINE_FUNCTION static TileScratch carve(const Member& member, int level, const TileScratchLayout& layout) {
     // 16-byte alignment: the device path reads scratch floats four at a time.
     float* floats = static_cast<float*>(member.team_scratch(level).get_shmem_aligned(layout.floats * 4, 16));
     int* ints = static_cast<int*>(member.team_scratch(level).get_shmem_aligned(layout.ints * 4, 16));
-    return TileScratch{floats + layout.q, floats + layout.o, floats + layout.probs, floats + layout.running, ints};
+    return TileScratch{floats + layout.q,       floats + layout.o, floats + layout.probs,
+                       floats + layout.running, ints,              floats + layout.ring,
+                       static_cast<int>(layout.stage_floats)};
   }
 };
 
@@ -99,6 +103,13 @@ struct PassContext {
 
   /// The physical block holding key `key`.
   KOKKOS_INLINE_FUNCTION int block_of(int key) const { return block_table[(key / block_size) * table_stride]; }
+
+  /// Bit r set: row r of the pass attends the block holding key `key` (0: the block is not read).
+  KOKKOS_INLINE_FUNCTION unsigned rows_attending_block(int key) const {
+    unsigned rows = 0;
+    for (int r = 0; r < H; ++r) rows |= variant.attends_block(row[r], key) ? 1u << r : 0u;
+    return rows;
+  }
 
   /// Whether any row of the pass attends the block starting at key `key` (blocks no row attends
   /// are not read at all); `attends[r]` for each row.

@@ -105,6 +105,43 @@ auto host_copy(const View& view) {
 /// launch and which a CUDA graph capture cannot record. Host back ends ignore it.
 using KernelArgumentLaunch = Kokkos::Experimental::WorkItemProperty::HintLightWeight_t;
 
+/// Copies of 16-byte pieces from global memory into team scratch that may still be in flight when
+/// copy16 returns: a warp issues a step's copies, commits them as one group, and before reading
+/// them waits until at most `Pending` of its newest groups are in flight (then syncs its lanes).
+/// Host back ends copy at once; CUDA devices of compute capability 8.0 and newer copy
+/// asynchronously (cp.async), older ones through registers.
+template <class Space>
+struct AsyncCopy {
+  KOKKOS_INLINE_FUNCTION static void copy16(void* dst, const void* src) { copy16_now(dst, src); }
+  KOKKOS_INLINE_FUNCTION static void commit() {}
+  template <int Pending>
+  KOKKOS_INLINE_FUNCTION static void wait() {}
+
+  KOKKOS_INLINE_FUNCTION static void copy16_now(void* dst, const void* src) {
+    struct alignas(16) Piece {
+      unsigned words[4];
+    };
+    *static_cast<Piece*>(dst) = *static_cast<const Piece*>(src);
+  }
+};
+
+/// Makes a team member's lanes meet: what each wrote to scratch before is seen by all after
+/// (a warp sync on CUDA; host back ends run a member's lanes in order).
+template <class Member>
+KOKKOS_INLINE_FUNCTION void vector_sync(const Member&) {}
+
+/// Lane `lane ^ mask`'s value of v, among a team member's vector lanes (CUDA: a warp's lanes);
+/// host back ends run a member's lanes in order and have no other lane to read: v itself.
+template <class Member>
+KOKKOS_INLINE_FUNCTION float lane_xor(const Member&, float v, int) {
+  return v;
+}
+
+/// Whether a member's lanes run in lockstep, each holding its own registers (CUDA); host back
+/// ends run them one after another in one thread.
+template <class Member>
+inline constexpr bool lanes_in_lockstep = false;
+
 /// Whether two instances of a space are one (their work runs in order). Kokkos 3.4 numbers
 /// every instance 0; its CUDA instances differ by stream.
 template <class Space>
@@ -139,6 +176,50 @@ int resident_teams_per_sm(const Space&, const Policy&, std::size_t) {
 }
 
 #ifdef KOKKOS_ENABLE_CUDA
+template <>
+struct AsyncCopy<Kokkos::Cuda> {
+  KOKKOS_INLINE_FUNCTION static void copy16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    // cp.async.cg: 16 bytes straight to shared memory, bypassing L1 (the cache is read once).
+    const unsigned shared = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared), "l"(src) : "memory");
+#else
+    AsyncCopy<Kokkos::DefaultHostExecutionSpace>::copy16_now(dst, src);
+#endif
+  }
+  KOKKOS_INLINE_FUNCTION static void commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+  }
+  template <int Pending>
+  KOKKOS_INLINE_FUNCTION static void wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+#endif
+  }
+};
+
+template <>
+KOKKOS_INLINE_FUNCTION float lane_xor(const Kokkos::Impl::CudaTeamMember&, float v, int mask) {
+#if defined(__CUDA_ARCH__)
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+#else
+  (void)mask;
+  return v;
+#endif
+}
+
+template <>
+inline constexpr bool lanes_in_lockstep<Kokkos::Impl::CudaTeamMember> = true;
+
+template <>
+KOKKOS_INLINE_FUNCTION void vector_sync(const Kokkos::Impl::CudaTeamMember&) {
+#if defined(__CUDA_ARCH__)
+  __syncwarp();
+#endif
+}
+
 // Kokkos caches each instance's device properties: nothing here queries the driver per call.
 inline int device_sm_count(const Kokkos::Cuda& space) { return space.cuda_device_prop().multiProcessorCount; }
 

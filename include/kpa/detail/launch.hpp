@@ -49,7 +49,12 @@ void with_partition_kernel(const char* call, const LaunchPlan& plan, KVCacheDTyp
 #endif
       {
         with_rows_per_pass(DeviceRowsPerPass{}, plan.rows_per_pass, [&](auto rows) {
-          f(TypeTag<PartitionKernel<Space, DevicePath<decltype(rows)::value, StorageT>, T, TmpT>>{});
+          constexpr int H = decltype(rows)::value;
+          if (plan.kernel_path == KernelPath::Device) {
+            f(TypeTag<PartitionKernel<Space, StreamingPath<H, StorageT>, T, TmpT>>{});
+          } else {
+            f(TypeTag<PartitionKernel<Space, ChunkedPath<H, StorageT>, T, TmpT>>{});
+          }
         });
       }
     }
@@ -165,7 +170,7 @@ void launch_partition_kernel(const char* label, const Space& space, const Launch
                              const ProblemShape& shape, const AttentionViews<Space, T, TmpT>& views,
                              const AttentionParams& params) {
   if (plan.tiles == 0) return;
-  if (plan.kernel_path == KernelPath::Device) check_aligned_caches(label, views.key_cache, views.value_cache);
+  if (plan.kernel_path != KernelPath::Host) check_aligned_caches(label, views.key_cache, views.value_cache);
   const KernelParams k = kernel_params(plan, output, shape, views, params);
   const AttentionVariant variant = attention_variant(shape, views, params);
   with_partition_kernel<Space, CacheT, T, TmpT>(label, plan, params.kv_cache_dtype, [&](auto tag) {

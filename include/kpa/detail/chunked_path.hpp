@@ -1,7 +1,7 @@
 #pragma once
-// The device kernel path (KernelPath::Device): how a team computes one pass over a tile on a
-// GPU. A team is team_size x vector_length workers (GPU: warps x lanes); the tile's tokens go
-// in chunks of whole blocks; per chunk:
+// The chunked device kernel path (KernelPath::DeviceChunked): how a team computes one pass over a
+// tile on a GPU, a chunk of tokens at a time. A team is team_size x vector_length workers (GPU:
+// warps x lanes); the tile's tokens go in chunks of whole blocks; per chunk:
 //   1. logits: one worker per token. Lane i of a warp takes slot i of a block, so with vLLM's
 //      key layout the warp's 16-byte key loads are contiguous; the worker computes the whole
 //      q.k for every row of the pass (the queries sit in scratch and are read by all lanes at
@@ -17,6 +17,7 @@
 // scratch, each element owned by one worker. The same code runs on host back ends (team members
 // and lanes then loop), which is how the test suite covers it without a GPU.
 
+#include <kpa/detail/device_loads.hpp>
 #include <kpa/detail/kernel_params.hpp>
 #include <kpa/detail/softmax_state.hpp>
 #include <kpa/numeric_types.hpp>
@@ -24,23 +25,6 @@
 #include <cstddef>
 
 namespace kpa::detail {
-
-/// N consecutive elements of T read as one aligned load (16 bytes at most).
-template <class T, int N>
-struct alignas(sizeof(T) * N) Packed {
-  T v[N];
-};
-
-/// out[i] = float(p[i]) for i < N, in loads of up to 16 bytes; p must be aligned to the load.
-template <int N, class T>
-KOKKOS_INLINE_FUNCTION void load_floats(const T* p, float (&out)[N]) {
-  constexpr int piece = static_cast<int>(16 / sizeof(T)) < N ? static_cast<int>(16 / sizeof(T)) : N;
-  static_assert(N % piece == 0, "load_floats: N must be a multiple of the load width");
-  for (int k = 0; k < N; k += piece) {
-    const Packed<T, piece> packed = *reinterpret_cast<const Packed<T, piece>*>(p + k);
-    for (int i = 0; i < piece; ++i) out[k + i] = to_float(packed.v[i]);
-  }
-}
 
 /// logits[g] = q_g . k for one cache slot: `key` points at the slot's first X-element vector,
 /// the slot's `vectors` vectors are `stride` elements apart, q_g = q + g * head_size.
@@ -62,26 +46,11 @@ KOKKOS_INLINE_FUNCTION void slot_dot(const CacheT* key, int stride, int vectors,
 }
 
 template <int H, class CacheT>
-struct DevicePath {
+struct ChunkedPath : DeviceRowIO {
   static constexpr int rows = H;
   using cache_type = CacheT;
-
-  /// Calls f(r, d, d + 1) for every dimension d in [0, D) of rows [0, rows): the team's workers
-  /// and lanes take single elements, so all of them have work even for a few rows.
-  template <class Member, class F>
-  KOKKOS_INLINE_FUNCTION static void for_row_spans(const Member& member, int rows, int D, const F& f) {
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(member, rows * D), [&](int i) { f(i / D, i % D, i % D + 1); });
-  }
-
-  /// load_scaled / store_scaled (numeric_types.hpp), one element per call here.
-  template <class T>
-  KOKKOS_INLINE_FUNCTION void load_span(const T* src, std::size_t stride, float scale, float* dst, int n) const {
-    load_scaled(src, stride, scale, dst, n);
-  }
-  template <class T>
-  KOKKOS_INLINE_FUNCTION void store_span(const float* src, float factor, T* dst, std::size_t stride, int n) const {
-    store_scaled(src, factor, dst, stride, n);
-  }
+  static constexpr bool scratch_in_level0 = false;  ///< the planner may put its scratch in level 1
+  using launch_bounds = Kokkos::LaunchBounds<>;
 
   /// Value elements per load: 16 bytes, at most 8 slots (so a block of 8 works for every type).
   static constexpr int kValueWidth = static_cast<int>(16 / sizeof(CacheT)) < 8 ? static_cast<int>(16 / sizeof(CacheT)) : 8;
