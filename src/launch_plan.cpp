@@ -290,7 +290,7 @@ TileScratchLayout streaming_layout(const ProblemShape& shape, int rows, int toke
   layout.q = 0;
   layout.o = H * D;
   layout.probs = layout.o + W * H * D;
-  layout.running = layout.probs + W * H * T;
+  layout.running = layout.probs + W * H * value_groups * vector_elements;
   layout.ring = round_up(static_cast<long long>(layout.running + 3 * W * H), 4);
   layout.stage_floats = (T * D * e + value_groups * D * 16) / 4;
   layout.floats = layout.ring + W * 2 * layout.stage_floats;
@@ -301,8 +301,9 @@ TileScratchLayout streaming_layout(const ProblemShape& shape, int rows, int toke
 /// The streaming device path's step (chunk_tokens), warps (team_size) and scratch, all in fast
 /// scratch; false where it cannot stream (then the chunked path runs). A step holds the most
 /// tokens, up to a warp's 32 lanes, whose keys and values take at most 8 KiB: two stages per
-/// warp and two warps then fit a GPU team's shared memory beside the queries and outputs.
-/// Steps cover whole blocks or divide them.
+/// warp and two warps then fit a GPU team's shared memory beside the queries and outputs. Its
+/// tokens are a power of two that divides the block size: a step reads one page-table entry and
+/// indexes its pieces with shifts.
 bool plan_streaming(const DeviceProfile& profile, const ProblemShape& shape, const PlanOptions& options,
                     LaunchPlan& plan) {
   constexpr std::size_t kMaxStepBytes = 8 * 1024;
@@ -314,7 +315,7 @@ bool plan_streaming(const DeviceProfile& profile, const ProblemShape& shape, con
   if (!limits.host_path && plan.vector_length != kDeviceVectorLength) return false;
   const int max_warps = std::min({kMaxWarps, limits.max_team_size, limits.max_team_threads / plan.vector_length});
   for (int tokens = 32; tokens >= 1; tokens /= 2) {
-    if (tokens % shape.block_size != 0 && shape.block_size % tokens != 0) continue;
+    if (shape.block_size % tokens != 0) continue;
     const std::size_t step_bytes = static_cast<std::size_t>(tokens) * shape.head_size * e * 2;
     if (step_bytes > kMaxStepBytes && tokens > 1) continue;
     for (int warps = options.team_size > 0 ? options.team_size : max_warps; warps >= 1; --warps) {

@@ -149,7 +149,7 @@ TEST(LaunchPlan, HostChunksOfFp8CachesWithFewRowsAreShorter) {
 }
 
 // GPU profiles run the streaming device path: a warp per team member, steps of at most 32
-// tokens whose keys and values take at most 8 KiB, whole blocks or a block's equal parts, and as
+// tokens whose keys and values take at most 8 KiB, a power of two dividing the block size, and as
 // many warps (up to 4) as fit fast scratch with two stages each.
 TEST(LaunchPlan, GpuProfilesStreamInStepsThatFitFastScratch) {
   const auto profile = kpa::DeviceProfile::bi_v100();
@@ -166,7 +166,8 @@ TEST(LaunchPlan, GpuProfilesStreamInStepsThatFitFastScratch) {
         EXPECT_GE(plan.team_size, 1) << what;
         EXPECT_LE(plan.team_size, 4) << what;
         EXPECT_LE(plan.chunk_tokens, 32) << what;
-        EXPECT_TRUE(plan.chunk_tokens % block_size == 0 || block_size % plan.chunk_tokens == 0) << what;
+        EXPECT_EQ(block_size % plan.chunk_tokens, 0) << what;
+        EXPECT_EQ(plan.chunk_tokens & (plan.chunk_tokens - 1), 0) << what;  // a power of two
         EXPECT_LE(plan.chunk_tokens * head_size * bytes * 2, 8 * 1024) << what;
         EXPECT_EQ(plan.scratch_level, 0) << what;
         EXPECT_LE(plan.scratch_bytes, profile.limits.max_scratch_level0_bytes) << what;
@@ -184,6 +185,11 @@ TEST(LaunchPlan, GpuProfilesStreamInStepsThatFitFastScratch) {
   EXPECT_EQ(llama.rows_per_pass, 4);
   // Two stages of 16 tokens x 128 dims x 2 bytes, keys and values, per warp.
   EXPECT_EQ(llama.scratch_layout.stage_floats, 16u * 128 * 2 * 2 / 4);
+  // An fp8 cache: steps of one block (half the bytes), three warps.
+  kpa::ProblemShape fp8 = shape(32, 32, 8, 4096, 16, 128);
+  fp8.cache_element_size = 1;
+  EXPECT_EQ(kpa::plan_launch(profile, fp8).chunk_tokens, 16);
+  EXPECT_EQ(kpa::plan_launch(profile, fp8).team_size, 3);
   // KPA_DEVICE_PATH=chunked (the profile's flag) and the option run the chunked path.
   auto chunked_profile = profile;
   chunked_profile.chunked_device_path = true;

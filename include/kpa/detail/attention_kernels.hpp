@@ -168,11 +168,12 @@ struct PartitionKernel {
     const int D = params.head_size;
     Path::for_row_spans(member, H, D, [&](int r, int d0, int d1) {
       for (int d = d0; d < d1; ++d) s.o[r * D + d] = 0.0f;
+      // A span's elements are consecutive in every path's query layout.
       if (r < pass.rows) {
         path.load_span(&views.query(row_token(pass, r), row_head(pass, r), d0), views.query.stride(2), params.scale,
-                       s.q + r * D + d0, d1 - d0);
+                       s.q + Path::query_index(r, d0, D), d1 - d0);
       } else {
-        for (int d = d0; d < d1; ++d) s.q[r * D + d] = 0.0f;
+        for (int d = d0; d < d1; ++d) s.q[Path::query_index(r, d, D)] = 0.0f;
       }
     });
     member.team_barrier();

@@ -51,6 +51,8 @@ struct ChunkedPath : DeviceRowIO {
   using cache_type = CacheT;
   static constexpr bool scratch_in_level0 = false;  ///< the planner may put its scratch in level 1
   using launch_bounds = Kokkos::LaunchBounds<>;
+  /// Where the pass's query element (row r, dimension d) sits in scratch: row after row.
+  KOKKOS_INLINE_FUNCTION static int query_index(int r, int d, int D) { return r * D + d; }
 
   /// Value elements per load: 16 bytes, at most 8 slots (so a block of 8 works for every type).
   static constexpr int kValueWidth = static_cast<int>(16 / sizeof(CacheT)) < 8 ? static_cast<int>(16 / sizeof(CacheT)) : 8;

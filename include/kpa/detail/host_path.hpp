@@ -29,6 +29,8 @@ struct HostPath {
   using cache_type = CacheT;
   static constexpr bool scratch_in_level0 = false;  ///< the planner may put its scratch in level 1
   using launch_bounds = Kokkos::LaunchBounds<>;
+  /// Where the pass's query element (row r, dimension d) sits in scratch: row after row.
+  KOKKOS_INLINE_FUNCTION static int query_index(int r, int d, int D) { return r * D + d; }
   /// Blocks of the next chunk a member's BlockPrefetcher lists (at most).
   static constexpr int kPrefetchBlocks = 64;
 

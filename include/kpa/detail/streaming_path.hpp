@@ -3,7 +3,7 @@
 // on a GPU with many copies in flight and no team barrier while it reads the cache.
 //
 // A team is W members (GPU: warps) of vector_length lanes. The pass's keys are cut into steps of
-// T tokens (chunk_tokens: whole blocks, or a block's equal parts); member w takes steps w, w + W,
+// T tokens (chunk_tokens: a power of two that divides the block size); member w takes steps w, w + W,
 // ... and owns a two-stage ring in team scratch. Per step it
 //   1. issues the copies of the next step's keys and values into the other stage (16-byte
 //      pieces in the cache's own order, so a warp's copies are contiguous; AsyncCopy keeps them
@@ -14,8 +14,8 @@
 //      state, which every lane holds in registers;
 //   3. p.V: lane d takes head dimension d, rescales the member's output rows (in scratch) by the
 //      merge weight and adds the step's probabilities times the values.
-// At the end of the pass the members' states merge with one team parallel_reduce (the same
-// reducer) and their outputs are summed with the merge weights into member 0's rows. The same code
+// At the end of the pass the members' states merge (the same join) and their outputs are summed
+// with the merge weights into member 0's rows. The same code
 // runs on host back ends (members and lanes loop; copies are immediate), which is how the test
 // suite covers it without a GPU.
 
@@ -40,6 +40,22 @@ struct StreamingPath : DeviceRowIO {
   /// Elements of a 16-byte piece: a key vector of vLLM's layout, or a run of a value row.
   static constexpr int kPiece = static_cast<int>(16 / sizeof(CacheT));
 
+  /// Queries and probabilities are kept piece by piece, the pass's rows side by side:
+  /// [D / kPiece][H][kPiece] and [T / kPiece][H][kPiece], so an inner loop finds every row's
+  /// elements at fixed offsets from one address.
+  KOKKOS_INLINE_FUNCTION static int query_index(int r, int d, int) { return piece_index(r, d); }
+  KOKKOS_INLINE_FUNCTION static int piece_index(int r, int i) {
+    return ((i / kPiece) * H + r) * kPiece + i % kPiece;
+  }
+
+  /// A step: T = 2^shift tokens from `start`, inside one block.
+  struct Step {
+    int start, tokens;  ///< tokens of the pass in the step (the last step may have fewer than T)
+    int block;          ///< its physical block
+    int slot;           ///< its first slot in the block
+    unsigned rows;      ///< bit r: row r attends the block (0: the block is not read)
+  };
+
   template <class Member>
   KOKKOS_INLINE_FUNCTION void attend(const Member& member, const PassContext<H, CacheT>& c,
                                      SoftmaxStates<H>& running) const {
@@ -48,178 +64,164 @@ struct StreamingPath : DeviceRowIO {
     const TileScratch& s = c.scratch;
     const int W = member.team_size(), w = member.team_rank();
     const int T = c.chunk_tokens, HD = H * c.head_size;
+    int shift = 0;
+    while ((1 << shift) < T) ++shift;
     float* o = s.o + w * HD;  // this member's output rows (member 0's are the pass's)
-    float* probs = s.probs + w * H * T;
+    float* probs = s.probs + w * H * round_to_piece(T);
     float* ring = s.ring + static_cast<std::ptrdiff_t>(w) * 2 * s.stage_floats;
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, HD), [&](int i) { o[i] = 0.0f; });
     SoftmaxStates<H> state;
-    const int steps = (c.end - c.begin + T - 1) / T;
+    const int steps = (c.end - c.begin + T - 1) >> shift;
     if (w < steps) {
-      issue(member, c, c.begin + w * T, ring);
+      issue(member, c, step_at(c, c.begin + (w << shift)), shift, ring);
       Copy::commit();
     }
     for (int step = w, k = 0; step < steps; step += W, ++k) {
       const float* stage = ring + (k & 1) * s.stage_floats;
       if (step + W < steps) {
-        issue(member, c, c.begin + (step + W) * T, ring + ((k + 1) & 1) * s.stage_floats);
+        issue(member, c, step_at(c, c.begin + ((step + W) << shift)), shift, ring + ((k + 1) & 1) * s.stage_floats);
         Copy::commit();
         Copy::template wait<1>();
       } else {
         Copy::template wait<0>();
       }
       compat::vector_sync(member);  // every lane's copies of this stage have landed
-      compute_step(member, c, c.begin + step * T, stage, probs, o, state);
+      compute_step(member, c, step_at(c, c.begin + (step << shift)), shift, stage, probs, o, state);
       compat::vector_sync(member);  // the stage is read before the next step refills it
     }
     merge_members(member, c, state, running);
   }
 
-  /// Bit j: token start + j is read (before the pass's end, in a block some row attends).
-  KOKKOS_INLINE_FUNCTION static unsigned step_tokens(const PassContext<H, CacheT>& c, int start) {
-    const int n = c.end - start < c.chunk_tokens ? c.end - start : c.chunk_tokens;
-    unsigned read = n >= 32 ? ~0u : (1u << n) - 1u;
-    if (c.variant.skips_blocks()) {
-      for (int j = 0; j < n;) {
-        const int next = ((start + j) / c.block_size + 1) * c.block_size - start;
-        const int stop = next < n ? next : n;
-        if (c.rows_attending_block(start + j) == 0u) {
-          for (int i = j; i < stop; ++i) read &= ~(1u << i);
-        }
-        j = stop;
-      }
-    }
-    return read;
+  KOKKOS_INLINE_FUNCTION static int round_to_piece(int tokens) { return (tokens + kPiece - 1) / kPiece * kPiece; }
+
+  KOKKOS_INLINE_FUNCTION static Step step_at(const PassContext<H, CacheT>& c, int start) {
+    Step step;
+    step.start = start;
+    step.tokens = c.end - start < c.chunk_tokens ? c.end - start : c.chunk_tokens;
+    step.block = c.block_of(start);
+    step.slot = start % c.block_size;
+    step.rows = c.variant.skips_blocks() ? c.rows_attending_block(start) : ~0u;
+    return step;
   }
 
-  /// Starts the copies of the keys and values of the step at `start` into `stage`: keys as
-  /// [D / kPiece][T][kPiece], values as [ceil(T / kPiece)][D][kPiece] (a lane's run of a value row
-  /// then sits next to its neighbours'). Tokens not read are not copied.
+  /// Starts the copies of the step's keys and values into `stage`: keys as [D / kPiece][T][kPiece],
+  /// values as [T / kPiece][D][kPiece] (a lane's run of a value row then sits next to its
+  /// neighbours'). A block no row attends is not copied.
   template <class Member>
-  KOKKOS_INLINE_FUNCTION static void issue(const Member& member, const PassContext<H, CacheT>& c, int start,
-                                           float* stage) {
+  KOKKOS_INLINE_FUNCTION static void issue(const Member& member, const PassContext<H, CacheT>& c, const Step& step,
+                                           int shift, float* stage) {
     using Copy = compat::AsyncCopy<typename Member::execution_space>;
-    const int T = c.chunk_tokens, B = c.block_size, D = c.head_size;
-    const unsigned read = step_tokens(c, start);
-    // A step inside one block reads its page-table entry once.
-    const bool one_block = T <= B;
-    const int first_block = one_block ? c.block_of(start) : 0;
+    if (step.rows == 0u) return;
+    const int T = 1 << shift, B = c.block_size, D = c.head_size;
     char* keys = reinterpret_cast<char*>(stage);
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, D / kPiece * T), [&](int p) {
-      const int dx = p / T, j = p % T;
-      if ((read >> j & 1u) == 0u) return;
-      const int key = start + j;
-      const std::int64_t block = one_block ? first_block : c.block_of(key);
-      // key_cache[block][head][dx][slot][:]
-      Copy::copy16(keys + p * 16, c.key_head + block * c.block_stride + (dx * B + key % B) * kPiece);
+    // key_cache[block][head][dx][slot][:]
+    const CacheT* key_block = c.key_head + step.block * c.block_stride + step.slot * kPiece;
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, (D / kPiece) << shift), [&](int p) {
+      Copy::copy16(keys + p * 16, key_block + ((p >> shift) * B + (p & (T - 1))) * kPiece);
     });
     char* values = keys + static_cast<std::ptrdiff_t>(T) * D * sizeof(CacheT);
-    const int runs = (T + kPiece - 1) / kPiece;
+    // value_cache[block][head][d][slot]
+    const CacheT* value_block = c.value_head + step.block * c.block_stride + step.slot;
     if (B % kPiece == 0 && T % kPiece == 0) {
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, D * runs), [&](int p) {
-        const int d = p / runs, run = p % runs;
-        if ((read >> (run * kPiece) & 1u) == 0u) return;  // a run lies in one block
-        const int key = start + run * kPiece;
-        const std::int64_t block = one_block ? first_block : c.block_of(key);
-        // value_cache[block][head][d][slot]
-        Copy::copy16(values + (run * D + d) * 16, c.value_head + block * c.block_stride + d * B + key % B);
+      int run_shift = 0;  // runs of a row per step: T / kPiece, a power of two
+      while ((kPiece << run_shift) < T) ++run_shift;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, D << run_shift), [&](int p) {
+        const int d = p >> run_shift, run = p & ((1 << run_shift) - 1);
+        Copy::copy16(values + (run * D + d) * 16, value_block + d * B + run * kPiece);
       });
     } else {  // value rows that are no whole number of 16-byte pieces: element by element
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, D * T), [&](int p) {
-        const int d = p / T, j = p % T;
-        if ((read >> j & 1u) == 0u) return;
-        const int key = start + j;
-        const std::int64_t block = one_block ? first_block : c.block_of(key);
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, D << shift), [&](int p) {
+        const int d = p >> shift, j = p & (T - 1);
         CacheT* dst = reinterpret_cast<CacheT*>(values + ((j / kPiece) * D + d) * 16) + j % kPiece;
-        *dst = c.value_head[block * c.block_stride + d * B + key % B];
+        *dst = value_block[d * B + j];
       });
     }
   }
 
   /// One step of a member: logits, the running state's merge, p.V into the member's rows `o`.
   template <class Member>
-  KOKKOS_INLINE_FUNCTION static void compute_step(const Member& member, const PassContext<H, CacheT>& c, int start,
-                                                  const float* stage, float* probs, float* o,
-                                                  SoftmaxStates<H>& state) {
+  KOKKOS_INLINE_FUNCTION static void compute_step(const Member& member, const PassContext<H, CacheT>& c,
+                                                  const Step& step, int shift, const float* stage, float* probs,
+                                                  float* o, SoftmaxStates<H>& state) {
     using Space = typename Member::execution_space;
-    const int T = c.chunk_tokens, D = c.head_size;
-    const int n = c.end - start < T ? c.end - start : T;
-    const unsigned read = step_tokens(c, start);
+    const int T = 1 << shift, D = c.head_size, n = step.tokens;
     const CacheT* keys = reinterpret_cast<const CacheT*>(stage);
     const CacheT* values = keys + static_cast<std::ptrdiff_t>(T) * D;
     const float* q = c.scratch.q;
     const auto token_state = [&](int j, SoftmaxStates<H>& st) {
       float acc[H];
       for (int g = 0; g < H; ++g) acc[g] = 0.0f;
-      const bool token_read = (read >> j & 1u) != 0u;
-      if (token_read) {
-        for (int dx = 0; dx < D / kPiece; ++dx) {
+      if (step.rows != 0u) {
+        const CacheT* k_piece = keys + j * kPiece;
+        const float* q_piece = q;
+        for (int dx = 0; dx < D / kPiece; ++dx, k_piece += T * kPiece, q_piece += H * kPiece) {
           float k[kPiece];
-          load_floats<kPiece>(keys + (dx * T + j) * kPiece, k);
+          load_floats<kPiece>(k_piece, k);
           for (int g = 0; g < H; ++g) {
             float qv[kPiece];
-            load_floats<kPiece>(q + g * D + dx * kPiece, qv);
+            load_floats<kPiece>(q_piece + g * kPiece, qv);
             for (int i = 0; i < kPiece; ++i) acc[g] += qv[i] * k[i];
           }
         }
       }
-      const int key = start + j;
-      const unsigned rows = c.variant.skips_blocks() ? c.rows_attending_block(key) : ~0u;
+      const int key = step.start + j;
       for (int g = 0; g < H; ++g) {
-        const bool attended = token_read && (rows >> g & 1u) != 0u && c.variant.in_window(c.row[g], key);
+        const bool attended = (step.rows >> g & 1u) != 0u && c.variant.in_window(c.row[g], key);
         const float logit = attended ? c.variant.logit(acc[g], c.row[g], key) : -compat::infinity();
-        probs[g * T + j] = logit;
+        probs[piece_index(g, j)] = logit;
         st.head[g].add(logit);
       }
     };
-    SoftmaxStates<H> step;
+    SoftmaxStates<H> merged;
     if constexpr (compat::lanes_in_lockstep<Member>) {
       // Each lane folds its tokens, then the lanes merge pairwise through shuffles (the reducer's
       // join): every lane ends with the step's state, which never leaves registers (Kokkos'
       // vector reduction of a struct goes through local memory).
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, n), [&](int j) { token_state(j, step); });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, n), [&](int j) { token_state(j, merged); });
       for (int mask = 1; mask < 32; mask *= 2) {
         SoftmaxStates<H> other;
         for (int g = 0; g < H; ++g) {
-          other.head[g].max_logit = compat::lane_xor(member, step.head[g].max_logit, mask);
-          other.head[g].exp_sum = compat::lane_xor(member, step.head[g].exp_sum, mask);
+          other.head[g].max_logit = compat::lane_xor(member, merged.head[g].max_logit, mask);
+          other.head[g].exp_sum = compat::lane_xor(member, merged.head[g].exp_sum, mask);
         }
-        step.merge(other);
+        merged.merge(other);
       }
     } else {
       Kokkos::parallel_reduce(Kokkos::ThreadVectorRange(member, n), token_state,
-                              SoftmaxReducer<Space, SoftmaxStates<H>>(step));
+                              SoftmaxReducer<Space, SoftmaxStates<H>>(merged));
     }
     float weight[H], max_logit[H];
     for (int g = 0; g < H; ++g) {
-      weight[g] = state.head[g].merge(step.head[g]).self;
+      weight[g] = state.head[g].merge(merged.head[g]).self;
       max_logit[g] = state.head[g].max_logit;
     }
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, n), [&](int j) {
       for (int g = 0; g < H; ++g) {
-        float& p = probs[g * T + j];
+        float& p = probs[piece_index(g, j)];
         p = p != -compat::infinity() ? compat::exp(p - max_logit[g]) : 0.0f;
       }
     });
     compat::vector_sync(member);  // every lane's probabilities are in scratch
-    const bool whole = n == T && T % kPiece == 0 && read == (T >= 32 ? ~0u : (1u << T) - 1u);
+    const bool whole = n == T && T % kPiece == 0 && step.rows != 0u;
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, D), [&](int d) {
       float sums[H];
       for (int g = 0; g < H; ++g) sums[g] = 0.0f;
       if (whole) {
-        for (int j0 = 0; j0 < T; j0 += kPiece) {
+        const CacheT* v_piece = values + d * kPiece;
+        const float* p_piece = probs;
+        for (int run = 0; run < T / kPiece; ++run, v_piece += D * kPiece, p_piece += H * kPiece) {
           float v[kPiece];
-          load_floats<kPiece>(values + ((j0 / kPiece) * D + d) * kPiece, v);
+          load_floats<kPiece>(v_piece, v);
           for (int g = 0; g < H; ++g) {
             float p[kPiece];
-            load_floats<kPiece>(probs + g * T + j0, p);
+            load_floats<kPiece>(p_piece + g * kPiece, p);
             for (int i = 0; i < kPiece; ++i) sums[g] += p[i] * v[i];
           }
         }
-      } else {  // the pass's last step, or blocks not read: those tokens must not reach o (NaN included)
+      } else if (step.rows != 0u) {  // the pass's last step: slots past it must not reach o (NaN included)
         for (int j = 0; j < n; ++j) {
-          if ((read >> j & 1u) == 0u) continue;
           const float v = to_float(values[((j / kPiece) * D + d) * kPiece + j % kPiece]);
-          for (int g = 0; g < H; ++g) sums[g] += probs[g * T + j] * v;
+          for (int g = 0; g < H; ++g) sums[g] += probs[piece_index(g, j)] * v;
         }
       }
       for (int g = 0; g < H; ++g) o[g * D + d] = o[g * D + d] * weight[g] + sums[g];
@@ -231,7 +233,6 @@ struct StreamingPath : DeviceRowIO {
   template <class Member>
   KOKKOS_INLINE_FUNCTION static void merge_members(const Member& member, const PassContext<H, CacheT>& c,
                                                    const SoftmaxStates<H>& state, SoftmaxStates<H>& running) {
-    using Space = typename Member::execution_space;
     const TileScratch& s = c.scratch;
     const int W = member.team_size(), w = member.team_rank();
     const int HD = H * c.head_size;
@@ -244,13 +245,13 @@ struct StreamingPath : DeviceRowIO {
       }
     });
     member.team_barrier();
+    // Every thread merges the (at most 4) members' states in member order with the reducer's join:
+    // the same result everywhere, and no team reduction of a struct (Kokkos passes those through
+    // local memory).
     SoftmaxStates<H> total;
-    Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(member, W),
-        [&](int v, SoftmaxStates<H>& merged) {
-          for (int g = 0; g < H; ++g) merged.head[g].merge(SoftmaxState{states[(2 * v) * H + g], states[(2 * v + 1) * H + g]});
-        },
-        SoftmaxReducer<Space, SoftmaxStates<H>>(total));
+    for (int v = 0; v < W; ++v) {
+      for (int g = 0; g < H; ++g) total.head[g].merge(SoftmaxState{states[(2 * v) * H + g], states[(2 * v + 1) * H + g]});
+    }
     Kokkos::single(Kokkos::PerTeam(member), [&]() {
       for (int v = 0; v < W; ++v) {
         for (int g = 0; g < H; ++g) weights[v * H + g] = merge_weights(states[(2 * v) * H + g], total.head[g].max_logit).self;
