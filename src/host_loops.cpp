@@ -54,7 +54,7 @@ HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size) {
         loops.block_logits = lookup ? &avx512::block_logits<H, CacheT, avx512::Avx512Vbmi>
                                     : &avx512::block_logits<H, CacheT, avx512::Avx512>;
       }
-      if (block_size == 16 || block_size == 32) {
+      if (avx512::has_value_tiles(block_size)) {
         loops.chunk_values = lookup ? &avx512::chunk_values<H, CacheT, avx512::Avx512Vbmi>
                                     : &avx512::chunk_values<H, CacheT, avx512::Avx512>;
       }

@@ -252,7 +252,7 @@ void check_chunk_values(HostIsa isa, int block_size, int head_size, int last) {
 
 template <int H, class S>
 void check_shapes(HostIsa isa, const std::vector<int>& head_sizes) {
-  for (int block_size : {1, 3, 8, 12, 16, 32})
+  for (int block_size : {1, 3, 8, 12, 16, 32, 64, 128})
     for (int head_size : head_sizes) {
       check_block_logits<H, S>(isa, block_size, head_size);
       // The last block full, one short (a masked tail after whole vectors), one slot, and half

@@ -2,7 +2,7 @@
 // The AVX-512 (F, BW, VL, DQ) host loops that carry the arithmetic, q.k (block_logits) and p.V
 // (chunk_values), for 16- and 8-bit caches, on the x86 mapping layer (x86_simd.hpp) plus the
 // 16-lane mappings below; host_loops.cpp pairs them with the AVX2 row loops and keeps the AVX2
-// set for f32 caches and for block sizes other than 16 and 32.
+// set for f32 caches and, for p.V, block sizes other than 16, 32, 64 and 128.
 //
 // Register tiles (32 zmm registers), each register 16 cache elements widened to float:
 //   q.k    a key register holds 16 consecutive elements of one key-vector row of the block: two
@@ -420,6 +420,11 @@ KPA_IMPL_AVX512 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetc
 
 // ---- p.V ----
 
+/// Block sizes chunk_values has tiles for (a block row is whole registers).
+inline bool has_value_tiles(int block_size) {
+  return block_size == 16 || block_size == 32 || block_size == 64 || block_size == 128;
+}
+
 /// Output rows per p.V tile for HG heads: HG x R accumulators, R value registers, one
 /// probability register (at most 29 of the 32).
 template <int HG>
@@ -494,7 +499,7 @@ KPA_IMPL_AVX512_INLINE inline void values_rows(const ChunkValuesArgs<CacheT>& a,
   for (; d < d_end; ++d) values_tile<HG, 1, B, Isa>(a, prefetch, runs, count, g0, d);
 }
 
-/// p.V of a chunk, for block sizes 16 and 32.
+/// p.V of a chunk, for block sizes 16, 32, 64 and 128 (has_value_tiles).
 template <int H, class CacheT, class Isa>
 KPA_IMPL_AVX512 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin,
                                   int d_end) {
@@ -505,10 +510,11 @@ KPA_IMPL_AVX512 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetc
   for (int first = 0; first < a.blocks; first += kMaxRuns) {
     const int count = attended_runs(a, first, runs);
     for (int g0 = 0; g0 < H; g0 += HG) {
-      if (a.block_size == 16) {
-        values_rows<HG, R, 16, Isa>(a, prefetch, runs, count, g0, d_begin, d_end);
-      } else {
-        values_rows<HG, R, 32, Isa>(a, prefetch, runs, count, g0, d_begin, d_end);
+      switch (a.block_size) {
+        case 16: values_rows<HG, R, 16, Isa>(a, prefetch, runs, count, g0, d_begin, d_end); break;
+        case 32: values_rows<HG, R, 32, Isa>(a, prefetch, runs, count, g0, d_begin, d_end); break;
+        case 64: values_rows<HG, R, 64, Isa>(a, prefetch, runs, count, g0, d_begin, d_end); break;
+        default: values_rows<HG, R, 128, Isa>(a, prefetch, runs, count, g0, d_begin, d_end); break;
       }
     }
   }

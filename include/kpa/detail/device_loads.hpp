@@ -30,12 +30,13 @@ KOKKOS_INLINE_FUNCTION void load_floats(const T* p, float (&out)[N]) {
         out[k + 2 * i + 1] = f.y;
       }
     }
-    return;
-  }
+  } else
 #endif
-  for (int k = 0; k < N; k += piece) {
-    const Packed<T, piece> packed = *reinterpret_cast<const Packed<T, piece>*>(p + k);
-    for (int i = 0; i < piece; ++i) out[k + i] = to_float(packed.v[i]);
+  {
+    for (int k = 0; k < N; k += piece) {
+      const Packed<T, piece> packed = *reinterpret_cast<const Packed<T, piece>*>(p + k);
+      for (int i = 0; i < piece; ++i) out[k + i] = to_float(packed.v[i]);
+    }
   }
 }
 
