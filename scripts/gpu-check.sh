@@ -170,7 +170,7 @@ run_checks() {
     --head-size 128 --dtype half --check --json "$out/bench_long_1x131072.json"
   step bench_64x2048 "${limit[@]}" "$bench" --batch-size 64 --seq-len 2048 --num-query-heads 32 --num-kv-heads 8 \
     --head-size 128 --dtype half --check --json "$out/bench_64x2048.json"
-  # A/B: the same three runs on the chunked device path (the one before streaming), same card.
+  # A/B: the same three runs on the chunked device path, on the same card.
   step bench_default_chunked "${limit[@]}" env KPA_DEVICE_PATH=chunked "$bench" --check --json "$out/bench_default_chunked.json"
   step bench_long_1x131072_chunked "${limit[@]}" env KPA_DEVICE_PATH=chunked "$bench" --batch-size 1 --seq-len 131072 \
     --num-query-heads 32 --num-kv-heads 8 --head-size 128 --dtype half --json "$out/bench_long_1x131072_chunked.json"
