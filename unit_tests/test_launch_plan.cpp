@@ -447,6 +447,23 @@ TYPED_TEST(LaunchPlanOnSpace, DetectsTheBackEndAndHonoursTheEnvironment) {
   // The limits stay the back end's: on a host back end the team shape fits its threads.
   EXPECT_EQ(forced.limits.max_team_size, limits.max_team_size);
   EXPECT_LE(plan.team_size, limits.max_team_size);
+
+  // KPA_DEVICE_PATH picks the device path's kind; anything else is refused by name.
+  ::setenv("KPA_DEVICE_PATH", "chunked", 1);
+  EXPECT_TRUE(kpa::DeviceProfile::detect(space).chunked_device_path);
+  if (!Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+    EXPECT_EQ(kpa::plan_launch(space, shape(1, 24, 4, 100000)).kernel_path, kpa::KernelPath::DeviceChunked);
+  }
+  ::setenv("KPA_DEVICE_PATH", "streaming", 1);
+  EXPECT_FALSE(kpa::DeviceProfile::detect(space).chunked_device_path);
+  ::setenv("KPA_DEVICE_PATH", "fastest", 1);
+  try {
+    kpa::DeviceProfile::detect(space);
+    ADD_FAILURE() << "KPA_DEVICE_PATH=fastest was accepted";
+  } catch (const kpa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KPA_DEVICE_PATH"), std::string::npos) << e.what();
+  }
+  ::unsetenv("KPA_DEVICE_PATH");
 }
 
 template <int... Rows>
