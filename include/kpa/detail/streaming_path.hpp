@@ -72,22 +72,29 @@ struct StreamingPath : DeviceRowIO {
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, HD), [&](int i) { o[i] = 0.0f; });
     SoftmaxStates<H> state;
     const int steps = (c.end - c.begin + T - 1) >> shift;
+    // The step in the stage being computed; the next one's block and rows are found once, when
+    // its copies are issued.
+    Step current{};
     if (w < steps) {
-      issue(member, c, step_at(c, c.begin + (w << shift)), shift, ring);
+      current = step_at(c, c.begin + (w << shift));
+      issue(member, c, current, shift, ring);
       Copy::commit();
     }
     for (int step = w, k = 0; step < steps; step += W, ++k) {
       const float* stage = ring + (k & 1) * s.stage_floats;
+      Step next{};
       if (step + W < steps) {
-        issue(member, c, step_at(c, c.begin + ((step + W) << shift)), shift, ring + ((k + 1) & 1) * s.stage_floats);
+        next = step_at(c, c.begin + ((step + W) << shift));
+        issue(member, c, next, shift, ring + ((k + 1) & 1) * s.stage_floats);
         Copy::commit();
         Copy::template wait<1>();
       } else {
         Copy::template wait<0>();
       }
       compat::vector_sync(member);  // every lane's copies of this stage have landed
-      compute_step(member, c, step_at(c, c.begin + (step << shift)), shift, stage, probs, o, state);
+      compute_step(member, c, current, shift, stage, probs, o, state);
       compat::vector_sync(member);  // the stage is read before the next step refills it
+      current = next;
     }
     merge_members(member, c, state, running);
   }
