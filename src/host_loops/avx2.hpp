@@ -146,14 +146,15 @@ KPA_IMPL_AVX2 inline void values_tile_fixed(const ChunkValuesArgs<CacheT>& a, Bl
 #pragma GCC unroll 16
   for (int i = 0; i < HG * R; ++i) acc[i] = _mm256_setzero_ps();
   const int full = count > 0 && runs[count - 1].slots < B ? count - 1 : count;
-  BlockPrefetcher::Run ahead = prefetch.take(2 * full);
+  // Two lines asked ahead per 16 slots (per block below 16), as in values_tile.
+  BlockPrefetcher::Run ahead = prefetch.take(2 * full * ((B + 15) / 16));
   for (int run = 0; run < full; ++run) {
-    ask_ahead(ahead);
     const CacheT* v = runs[run].values + row0;
     const float* p = runs[run].probs + g0 * ps;
     if constexpr (sizeof(CacheT) == 1 && B % 16 == 0) {  // fp8: 16 slots of a row widened at once
 #pragma GCC unroll 2
       for (int j = 0; j < B; j += 16) {
+        ask_ahead(ahead);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           __m256 lo, hi;
@@ -168,6 +169,7 @@ KPA_IMPL_AVX2 inline void values_tile_fixed(const ChunkValuesArgs<CacheT>& a, Bl
     } else {
 #pragma GCC unroll 4
       for (int j = 0; j < B; j += 8) {
+        if (j % 16 == 0) ask_ahead(ahead);
         __m256 vv[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) vv[r] = Load<CacheT>::eight(v + r * B + j);
@@ -211,14 +213,15 @@ KPA_IMPL_AVX2 inline void values_tile(const ChunkValuesArgs<CacheT>& a, BlockPre
   __m256 acc[HG * R];
 #pragma GCC unroll 16
   for (int i = 0; i < HG * R; ++i) acc[i] = _mm256_setzero_ps();
-  BlockPrefetcher::Run ahead = prefetch.take(2 * count);
+  // Two lines asked ahead per 16 slots, so the next chunk's lines keep coming at any block size.
+  BlockPrefetcher::Run ahead = prefetch.take(2 * count * ((B + 15) / 16));
   for (int run = 0; run < count; ++run) {
-    ask_ahead(ahead);
     const CacheT* v = runs[run].values + row0;
     const float* p = runs[run].probs + g0 * a.probs_stride;
     const int slots = runs[run].slots;
     int j = 0;
     for (; j + 8 <= slots; j += 8) {
+      if (j % 16 == 0) ask_ahead(ahead);
       __m256 vv[R];
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) vv[r] = Load<CacheT>::eight(v + r * B + j);
@@ -231,6 +234,7 @@ KPA_IMPL_AVX2 inline void values_tile(const ChunkValuesArgs<CacheT>& a, BlockPre
       }
     }
     if (j < slots) {  // slots past the sequence or the block may hold NaN: zero lanes, not 0 * NaN
+      if (j % 16 == 0) ask_ahead(ahead);
       const int n = slots - j;
       const __m256i mask = first_lanes(n);
       __m256 vv[R];

@@ -48,12 +48,10 @@ KPA_IMPL_AVX512_INLINE inline __m512 load16(const CacheT* p) {
   if constexpr (std::is_same_v<CacheT, half>) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   } else if constexpr (std::is_same_v<CacheT, bfloat16>) {
-    const __m512i wide =
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
-    // Quiet any signalling NaN, as to_float does.
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(wide, _mm512_set1_epi32(0x7fffffff)),
-                                                  _mm512_set1_epi32(0x7f800000));
-    return _mm512_castsi512_ps(_mm512_mask_or_epi32(wide, nan, wide, _mm512_set1_epi32(0x400000)));
+    // The bits in place and nothing more: every caller multiplies, which quiets a signalling
+    // NaN to the one to_float gives (raising FE_INVALID, as f16's conversion instruction does).
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
   } else {
     return _mm512_cvtph_ps(fp8_as_half16(p));
   }
@@ -442,15 +440,16 @@ KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a,
   __m512 acc[HG * R];
 #pragma GCC unroll 32
   for (int i = 0; i < HG * R; ++i) acc[i] = _mm512_setzero_ps();
-  BlockPrefetcher::Run ahead = prefetch.take(2 * count);
+  // Two lines asked ahead per 16 slots, so the next chunk's lines keep coming at any block size.
+  BlockPrefetcher::Run ahead = prefetch.take(2 * count * (B / 16));
   for (int run = 0; run < count; ++run) {
-    ask_ahead(ahead);
     const CacheT* v = runs[run].values + row0;
     const float* p = runs[run].probs + g0 * ps;
     const int slots = runs[run].slots;
     if (slots == B) {
 #pragma GCC unroll 2
       for (int j = 0; j < B; j += 16) {
+        ask_ahead(ahead);
         __m512 vv[R];
         if constexpr (B == 16) {  // the tile's rows are adjacent
           Isa::load_consecutive(v + j, vv);
@@ -468,6 +467,7 @@ KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a,
       }
     } else {  // the chunk's last block, partly filled
       for (int j = 0; j < slots; j += 16) {
+        ask_ahead(ahead);
         const int n = slots - j < 16 ? slots - j : 16;
         const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1u);
         __m512 vv[R];
