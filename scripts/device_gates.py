@@ -223,7 +223,8 @@ GPUS = {
     "H200": dict(arch="sm_90", sms=132, smem=227 * 1024, ghz=1.98, peak=4.8e12, probe=3.6e12, latency=0.7e-6),
     "A100": dict(arch="sm_80", sms=108, smem=163 * 1024, ghz=1.41, peak=2.0e12, probe=1.7e12, latency=0.7e-6),
 }
-# The default suite: (name, sequences, tokens, query heads, kv heads, head size, cache type, element bytes).
+# The default suite's f16 and fp8 rows (its bf16 rows move the same bytes): (name, sequences, tokens,
+# query heads, kv heads, head size, cache type, element bytes).
 SUITE = [
     ("llama_32x4096", 32, 4096, 32, 8, 128, "half", 2),
     ("long_context_1x100k", 1, 100000, 24, 4, 256, "half", 2),

@@ -74,7 +74,8 @@ ProblemSpec shape(std::vector<int> seq_lens, int heads, int kv_heads, int head_s
   return spec;
 }
 
-// kpa-bench's default suite: Llama-style batch, 100K-token context, single-partition batch, fp8 cache.
+// kpa-bench's default suite: Llama-style batch, 100K-token context, single-partition batch, fp8 cache
+// (its bf16 and block-128 rows are these shapes again; the grid below covers those dtypes and sizes).
 TEST(Parity, DefaultSuite) {
   check_parity<kpa::half>("llama_32x4096", shape(std::vector<int>(32, 4096), 32, 8, 128), Version::Auto);
   check_parity<kpa::half>("long_context_1x100k", shape({100000}, 24, 4, 256), Version::Auto);

@@ -136,7 +136,21 @@ std::vector<Workload> default_suite() {
   Workload fp8 = llama;
   fp8.name = "llama_32x4096_fp8";
   fp8.kv_cache_dtype = "fp8_e4m3";
-  return {llama, long_context, single_tile, fp8};
+  std::vector<Workload> suite{llama, long_context, single_tile, fp8};
+  // Models served in bf16, and the large blocks CPU serving engines use (vLLM's CPU default: 128).
+  for (Workload w : {llama, long_context, single_tile}) {
+    w.name += "_bf16";
+    w.dtype = "bfloat16";
+    suite.push_back(w);
+  }
+  for (const char* dtype : {"half", "bfloat16"}) {
+    Workload w = llama;
+    w.dtype = dtype;
+    w.block_size = 128;
+    w.name = std::string("llama_32x4096") + (w.dtype == "half" ? "" : "_bf16") + "_block128";
+    suite.push_back(w);
+  }
+  return suite;
 }
 
 /// CLI11's check of a whole number of at least `least`.
@@ -185,7 +199,8 @@ Options parse(int argc, char** argv) {
   std::string seq_len = std::to_string(w.seq_len), device_profile;
   CLI::App app("kpa-bench: decode-step paged attention against the machine's limits and the baselines.\n"
                "With no workload option it runs the default suite (a Llama-style batch, the 100K-token\n"
-               "long-context case, a single-tile batch, and the Llama batch with an fp8 cache).");
+               "long-context case, a single-tile batch, the Llama batch with an fp8 cache; the first three\n"
+               "again in bf16; the Llama batch in blocks of 128, f16 and bf16).");
   app.allow_extras();  // Kokkos' own --kokkos-* options
   const std::string workload = "Workload (any of these selects a custom run; lists and ranges make a sweep)";
   const std::vector<CLI::Option*> workload_options = {
