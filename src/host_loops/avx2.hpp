@@ -146,8 +146,7 @@ KPA_IMPL_AVX2 inline void values_tile_fixed(const ChunkValuesArgs<CacheT>& a, Bl
 #pragma GCC unroll 16
   for (int i = 0; i < HG * R; ++i) acc[i] = _mm256_setzero_ps();
   const int full = count > 0 && runs[count - 1].slots < B ? count - 1 : count;
-  // Two lines asked ahead per 16 slots (per block below 16), as in values_tile.
-  BlockPrefetcher::Run ahead = prefetch.take(2 * full * ((B + 15) / 16));
+  BlockPrefetcher::Run ahead = values_ahead(prefetch, full, B);
   for (int run = 0; run < full; ++run) {
     const CacheT* v = runs[run].values + row0;
     const float* p = runs[run].probs + g0 * ps;
@@ -213,8 +212,7 @@ KPA_IMPL_AVX2 inline void values_tile(const ChunkValuesArgs<CacheT>& a, BlockPre
   __m256 acc[HG * R];
 #pragma GCC unroll 16
   for (int i = 0; i < HG * R; ++i) acc[i] = _mm256_setzero_ps();
-  // Two lines asked ahead per 16 slots, so the next chunk's lines keep coming at any block size.
-  BlockPrefetcher::Run ahead = prefetch.take(2 * count * ((B + 15) / 16));
+  BlockPrefetcher::Run ahead = values_ahead(prefetch, count, B);
   for (int run = 0; run < count; ++run) {
     const CacheT* v = runs[run].values + row0;
     const float* p = runs[run].probs + g0 * a.probs_stride;

@@ -440,8 +440,7 @@ KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a,
   __m512 acc[HG * R];
 #pragma GCC unroll 32
   for (int i = 0; i < HG * R; ++i) acc[i] = _mm512_setzero_ps();
-  // Two lines asked ahead per 16 slots, so the next chunk's lines keep coming at any block size.
-  BlockPrefetcher::Run ahead = prefetch.take(2 * count * (B / 16));
+  BlockPrefetcher::Run ahead = values_ahead(prefetch, count, B);
   for (int run = 0; run < count; ++run) {
     const CacheT* v = runs[run].values + row0;
     const float* p = runs[run].probs + g0 * ps;

@@ -263,6 +263,13 @@ KPA_IMPL_AVX2_INLINE inline void logits_slots(const BlockLogitsArgs<CacheT>& a, 
   }
 }
 
+/// The prefetch run of a p.V tile over `runs` block runs of `block_size` slots: two lines for every
+/// 16 slots, the tile calling ask_ahead once per 16 slots, so the next chunk's lines keep coming
+/// at any block size (per block, large blocks would leave most of them to finish()).
+inline BlockPrefetcher::Run values_ahead(BlockPrefetcher& prefetch, int runs, int block_size) {
+  return prefetch.take(2 * runs * ((block_size + 15) / 16));
+}
+
 /// One attended block of a chunk for p.V: its values (row 0) and probabilities (head 0).
 template <class CacheT>
 struct ValueRun {
