@@ -4,9 +4,10 @@
 # installs NVIDIA's cuobjdump and nvdisasm from the Python package index into
 # <CUDA_BUILD_DIR>/device-tools (once), compiles the kernel's instantiations
 # (scripts/device_gate_kernels.cu) for sm_80 and sm_90 with the CUDA Kokkos prefix, and runs
-# scripts/device_gates.py --model on them and on LIBKPA (a CUDA build's libkpa.so, read as
-# sm_80). The table and the model go to <CUDA_BUILD_DIR>/device-gates/gates.md; the exit status
-# is the gates'.
+# scripts/device_gates.py on them and on LIBKPA (a CUDA build's libkpa.so, read as sm_80). With
+# LIBKPA it also builds scripts/device_gate_plans.cu against it, so the bytes-in-flight model
+# (--model) takes its plans from the launch planner. The table and the model go to
+# <CUDA_BUILD_DIR>/device-gates/gates.md; the exit status is the gates'.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,5 +35,16 @@ for sm in 80 90; do
     "$repo/scripts/device_gate_kernels.cu" -o "$out/streaming_kernels.sm_$sm.cubin"
   binaries+=("sm_$sm=$out/streaming_kernels.sm_$sm.cubin")
 done
-[ -n "${1:-}" ] && binaries+=("sm_80=$1")
-python3 "$repo/scripts/device_gates.py" --tools "$tools" --model --markdown "$out/gates.md" "${binaries[@]}"
+model=()
+if [ -n "${1:-}" ]; then
+  binaries+=("sm_80=$1")
+  log "building the launch planner's query for the model against $1"
+  libdir=$(dirname "$1")  # holds libkpa.so, as a build folder does
+  # The CUDA Kokkos prefix also enables OpenMP: its headers need the compiler's OpenMP.
+  nvcc -std=c++17 -O1 -arch=sm_80 -expt-extended-lambda -Xcompiler -fopenmp \
+    -I "$repo/include" -I "$cuda_build/include" -isystem "$kokkos/include" "$repo/scripts/device_gate_plans.cu" \
+    -o "$out/device_gate_plans" -L "$libdir" -lkpa -L "$kokkos/lib" -lkokkoscore \
+    -Xlinker -rpath -Xlinker "$libdir" -Xlinker -rpath -Xlinker "$kokkos/lib"
+  model=(--model "$out/device_gate_plans")
+fi
+python3 "$repo/scripts/device_gates.py" --tools "$tools" "${model[@]}" --markdown "$out/gates.md" "${binaries[@]}"

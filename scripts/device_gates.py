@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Machine-code gates of the streaming device kernel, read from compiled CUDA binaries (no GPU).
 
-    scripts/device_gates.py --tools DIR [--markdown FILE] sm_80=LIBKPA sm_90=OBJECT ...
+    scripts/device_gates.py --tools DIR [--markdown FILE] [--model PLANNER] sm_80=LIBKPA sm_90=OBJECT ...
 
 Reads every instantiation of the attention kernel on the streaming path (PartitionKernel with
 StreamingPath<H, Cache>) in each binary, with NVIDIA's cuobjdump (DIR holds cuobjdump; the test
@@ -164,7 +164,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tools", required=True, help="folder holding cuobjdump")
     parser.add_argument("--markdown", help="write the table here")
-    parser.add_argument("--model", action="store_true", help="print the bytes-in-flight model of the default suite")
+    parser.add_argument("--model", metavar="PLANNER",
+                        help="print the bytes-in-flight model of the default suite, with the launch planner's "
+                             "plans from PLANNER (scripts/device_gate_plans.cu built against libkpa)")
     parser.add_argument("binaries", nargs="+", help="ARCH=FILE, e.g. sm_90=c_api.o")
     args = parser.parse_args()
     cuobjdump = os.path.join(args.tools, "cuobjdump")
@@ -203,7 +205,7 @@ def main():
             f.write("\n".join(lines) + "\n")
     print(f"{len(table)} instantiations, {sum(1 for r in table if r['failures'])} failing", file=sys.stderr)
     if args.model:
-        model_lines = model(table)
+        model_lines = model(table, args.model)
         print("\n".join(model_lines))
         if args.markdown:
             with open(args.markdown, "a") as f:
@@ -224,47 +226,40 @@ GPUS = {
     "A100": dict(arch="sm_80", sms=108, smem=163 * 1024, ghz=1.41, peak=2.0e12, probe=1.7e12, latency=0.7e-6),
 }
 # The default suite's f16 and fp8 rows (its bf16 rows move the same bytes): (name, sequences, tokens,
-# query heads, kv heads, head size, cache type, element bytes).
+# query heads, kv heads, head size, block size, cache type, element bytes).
 SUITE = [
-    ("llama_32x4096", 32, 4096, 32, 8, 128, "half", 2),
-    ("long_context_1x100k", 1, 100000, 24, 4, 256, "half", 2),
-    ("single_tile_64x512", 64, 512, 32, 8, 128, "half", 2),
-    ("llama_32x4096_fp8", 32, 4096, 32, 8, 128, "fp8_e4m3", 1),
+    ("llama_32x4096", 32, 4096, 32, 8, 128, 16, "half", 2),
+    ("long_context_1x100k", 1, 100000, 24, 4, 256, 16, "half", 2),
+    ("single_tile_64x512", 64, 512, 32, 8, 128, 16, "half", 2),
+    ("llama_32x4096_fp8", 32, 4096, 32, 8, 128, 16, "fp8_e4m3", 1),
 ]
-BLOCK = 16
 KOKKOS_TEAM_SHARED = 1024  # Kokkos' own shared memory per team (its reduce buffer) and the driver's
 
 
-def streaming_plan(rows, head, elem):
-    """The planner's streaming step and warps (src/launch_plan.cpp, plan_streaming) for CUDA's
-    40 KiB of level-0 scratch: (tokens per step, warps, team scratch bytes)."""
-    for tokens in (32, 16, 8, 4, 2, 1):
-        if BLOCK % tokens:
-            continue
-        if tokens * head * elem * 2 > 8192 and tokens > 1:
-            continue
-        for warps in (4, 3, 2, 1):
-            runs = -(-tokens // (16 // elem))
-            ring = -(-(rows * head * (1 + warps) + warps * rows * runs * (16 // elem) + 3 * warps * rows) // 4) * 4
-            floats = ring + warps * 2 * (tokens * head * elem + runs * head * 16) // 4
-            scratch = floats * 4 + 256
-            if scratch <= 40 * 1024:
-                return tokens, warps, scratch
-    return None
+def streaming_plan(planner, gpu, g, workload):
+    """The launch planner's streaming plan for a workload, asked of libkpa through PLANNER
+    (scripts/device_gate_plans.cu): (rows per pass, step tokens, warps, team scratch bytes), or
+    None where it does not stream."""
+    _, seqs, tokens, heads, kv_heads, head, block, _, elem = workload
+    out = run(planner, f"{gpu}:{g['sms']}:1:1", *(str(v) for v in (seqs, tokens, heads, kv_heads, head, block, elem)))
+    path, rows, step, warps, scratch = out.split()
+    return None if path != "device" else (int(rows), int(step), int(warps), int(scratch))
 
 
-def model(table):
+def model(table, planner):
     lines = ["| GPU | workload | step tokens x warps | team scratch | regs | teams/SM | in flight/SM | "
              "bound | predicted | % of probe |", "|" + "---|" * 10]
     for gpu, g in GPUS.items():
-        for name, seqs, tokens, heads, kv_heads, head, cache, elem in SUITE:
+        for workload in SUITE:
+            name, seqs, tokens, heads, kv_heads, head, _, cache, elem = workload
             group = heads // kv_heads
-            rows = min(r for r in (1, 2, 4, 8) if r >= min(group, 8))
-            plan = streaming_plan(rows, head, elem)
-            row = next((r for r in table if r["arch"] == g["arch"] and r["rows"] == rows and r["cache"] == cache), None)
-            if plan is None or row is None:
+            plan = streaming_plan(planner, gpu, g, workload)
+            if plan is None:
                 continue
-            step, warps, scratch = plan
+            rows, step, warps, scratch = plan
+            row = next((r for r in table if r["arch"] == g["arch"] and r["rows"] == rows and r["cache"] == cache), None)
+            if row is None:
+                continue
             per_warp_regs = -(-row["regs"] * 32 // 256) * 256
             teams = min(g["smem"] // (scratch + KOKKOS_TEAM_SHARED), 65536 // (per_warp_regs * warps), 64 // warps, 32)
             stage = step * head * elem * 2
