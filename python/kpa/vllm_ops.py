@@ -43,6 +43,10 @@ def _scale_tensor(value: float) -> torch.Tensor:
 def _as_tensor(scale: Scale) -> torch.Tensor:
     if isinstance(scale, torch.Tensor):
         return scale
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling():
+        # A traced graph holds the constant itself; the cache serves eager calls.
+        return torch.tensor(float(scale), dtype=torch.float32)
     return _scale_tensor(float(scale))
 
 
