@@ -10,15 +10,23 @@
 #   scripts/build.sh --sanitize           the unit and C ABI tests with AddressSanitizer and
 #                                         UndefinedBehaviorSanitizer in BUILD_DIR (default
 #                                         <repo>/build-asan), against the host Kokkos
+#   scripts/build.sh --self-contained     a host libkpa.so that carries its own Kokkos (a static
+#                                         one) and exports the C ABI only, with its C ABI tests, in
+#                                         BUILD_DIR (default <repo>/build-self-contained): the
+#                                         host library of the CUDA PyTorch package
 #   Kokkos_ROOT=/opt/kokkos-cuda scripts/build.sh
+#   KPA_KOKKOS_VERSION=4.6.01 scripts/build.sh   against the project-local Kokkos of that version
+#                                         (scripts/bootstrap-deps.sh; exit status 3: no sources)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cuda=0
 sanitize=0
+self_contained=0
 case "${1:-}" in
   --cuda) cuda=1; shift ;;
   --sanitize) sanitize=1; shift ;;
+  --self-contained) self_contained=1; shift ;;
 esac
 jobs=${KPA_BUILD_JOBS:-$(nproc)}
 extra=()
@@ -29,6 +37,10 @@ if [ "$sanitize" = 1 ]; then
   extra+=(-DKPA_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG"
           -DKPA_ENABLE_BENCHMARKS=OFF -DKPA_ENABLE_EXAMPLES=OFF)
   [ "$#" -gt 0 ] || set -- kpa-unit-tests kpa-c-api-test
+elif [ "$self_contained" = 1 ]; then
+  build=${BUILD_DIR:-$repo/build-self-contained}
+  kokkos=$("$repo/scripts/bootstrap-deps.sh" --static)
+  extra+=(-DKPA_SELF_CONTAINED=ON -DKPA_ENABLE_BENCHMARKS=OFF -DKPA_ENABLE_EXAMPLES=OFF)
 elif [ "$cuda" = 1 ]; then
   build=${BUILD_DIR:-$repo/build-cuda}
   [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
@@ -38,6 +50,9 @@ elif [ "$cuda" = 1 ]; then
   extra+=(-DCMAKE_CXX_COMPILER="$kokkos/bin/nvcc_wrapper" -DCMAKE_CXX_FLAGS="-arch=sm_${arch//[!0-9]/}")
   # Typed tests on the GPU only: the host build covers the host back ends.
   extra+=(-DKPA_TEST_SPACES="${KPA_TEST_SPACES:-Kokkos::Cuda}")
+  # The build lists the tests by running their binaries (without starting a GPU).
+  stub=$("$repo/scripts/cuda-driver-stub.sh" "$build/cuda-driver-stub")
+  [ -z "$stub" ] || export LD_LIBRARY_PATH="$stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 elif [ -n "${Kokkos_ROOT:-}" ]; then
   build=${BUILD_DIR:-$repo/build}
   kokkos=$Kokkos_ROOT
@@ -50,6 +65,10 @@ fi
 # -O2: the kernels' inner loops are intrinsics, as fast as at -O3 (measured with kpa-bench), and
 # the templates compile in two thirds of the time. (The sanitizer build sets its own.)
 [ "$sanitize" = 1 ] || extra+=(-DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG")
+# A build folder configured against another Kokkos starts afresh: CMake keeps the Kokkos it found.
+if [ -f "$build/CMakeCache.txt" ] && ! grep -q "^Kokkos_DIR:PATH=$kokkos/" "$build/CMakeCache.txt"; then
+  rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
+fi
 cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKokkos_ROOT="$kokkos" \
   -DKokkosKernels_ROOT="$kokkos" -DCMAKE_INSTALL_PREFIX="$build/install" "${extra[@]}" >&2
 targets=()

@@ -40,11 +40,14 @@ if [ -n "${1:-}" ]; then
   binaries+=("sm_80=$1")
   log "building the launch planner's query for the model against $1"
   libdir=$(dirname "$1")  # holds libkpa.so, as a build folder does
+  # The query plans only; Kokkos 4 still links the driver's library, which this machine may lack.
+  stub=$("$repo/scripts/cuda-driver-stub.sh" "$cuda_build/cuda-driver-stub")
+  [ -z "$stub" ] || export LD_LIBRARY_PATH="$stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # The CUDA Kokkos prefix also enables OpenMP: its headers need the compiler's OpenMP.
   nvcc -std=c++17 -O1 -arch=sm_80 -expt-extended-lambda -Xcompiler -fopenmp \
     -I "$repo/include" -I "$cuda_build/include" -isystem "$kokkos/include" "$repo/scripts/device_gate_plans.cu" \
     -o "$out/device_gate_plans" -L "$libdir" -lkpa -L "$kokkos/lib" -lkokkoscore \
-    -Xlinker -rpath -Xlinker "$libdir" -Xlinker -rpath -Xlinker "$kokkos/lib"
+    -Xlinker -rpath -Xlinker "$libdir" -Xlinker -rpath -Xlinker "$kokkos/lib" ${stub:+-Xlinker -rpath-link -Xlinker "$stub"}
   model=(--model "$out/device_gate_plans")
 fi
 python3 "$repo/scripts/device_gates.py" --tools "$tools" "${model[@]}" --markdown "$out/gates.md" "${binaries[@]}"

@@ -3,9 +3,10 @@
 //   device_gate_plans PROFILE SEQUENCES TOKENS HEADS KV_HEADS HEAD_SIZE BLOCK_SIZE ELEMENT_BYTES
 // PROFILE is a GPU profile, NAME:SMS:OCCUPANCY:SUBSCRIPTION. Prints one line:
 //   PATH ROWS_PER_PASS STEP_TOKENS WARPS SCRATCH_BYTES
-// The back end's limits are CUDA's: the team policy's static ones (vector length, level-0
-// scratch) and 1024 threads per block, every CUDA GPU's.
+// The back end's limits are CUDA's, every GPU's: the team policy's vector length, the level-0
+// scratch a team may have on any GPU, and 1024 threads per block.
 
+#include <kpa/detail/kokkos_compat.hpp>
 #include <kpa/launch_plan.hpp>
 
 #include <cstdio>
@@ -23,7 +24,7 @@ int main(int argc, char** argv) {
     kpa::DeviceProfile profile = kpa::DeviceProfile::from_name(argv[1]);
     using Policy = Kokkos::TeamPolicy<Kokkos::Cuda>;
     profile.limits.max_vector_length = Policy::vector_length_max();
-    profile.limits.max_scratch_level0_bytes = static_cast<std::size_t>(Policy::scratch_size_max(0));
+    profile.limits.max_scratch_level0_bytes = kpa::detail::compat::cuda_scratch_level0_max_on_any_gpu();
     profile.limits.max_team_threads = 1024;
     profile.limits.max_team_size = 1024;
     kpa::ProblemShape shape;

@@ -39,6 +39,7 @@
 #      torch's current stream, a CUDA-graph capture and replay of a decode step against eager,
 #      opcheck and torch.compile), and kpa.vllm_ops.paged_attention_v2 timed eagerly and from a
 #      CUDA graph on the shapes of 4. (python/benchmarks/bench_vllm_ops_device.py).
+# The CUDA Kokkos is KPA_KOKKOS_VERSION's (3.4.1 by default, or 4.6.01: scripts/bootstrap-deps.sh).
 # Logs and JSON go to KPA_GPU_CHECK_OUT (default <repo>/build-gpu/results); each check stops after
 # KPA_GPU_STEP_TIMEOUT seconds (default 900); the exit status is nonzero if a build, test or parity
 # step failed. KPA_GPU_MEMCHECK=FILTER also runs the unit tests that GoogleTest FILTER selects under
@@ -57,7 +58,8 @@ cuda_prefix() {
   local sm=$1 base=${KPA_CUDA_ARCH:-AMPERE80}
   if [ -n "${Kokkos_ROOT:-}" ]; then echo "$Kokkos_ROOT"
   elif [ "$sm" = "${base//[!0-9]/}" ]; then "$repo/scripts/bootstrap-deps.sh" --cuda
-  else KPA_CUDA_EXTRA_SM=$sm "$repo/scripts/bootstrap-deps.sh" --cuda "$repo/.deps/install-cuda-sm$sm"
+  else KPA_CUDA_EXTRA_SM=$sm "$repo/scripts/bootstrap-deps.sh" --cuda \
+         "$repo/.deps/install-cuda-sm$sm-kokkos-${KPA_KOKKOS_VERSION:-3.4.1}"
   fi
 }
 
@@ -96,7 +98,7 @@ build_kpa() {
   local kokkos prefix_sm
   kokkos=$(cuda_prefix "$sm") || { log "no CUDA Kokkos prefix for sm_$sm"; exit 1; }
   prefix_sm=${KPA_CUDA_ARCH:-AMPERE80}; prefix_sm=${prefix_sm//[!0-9]/}
-  [ -f "$kokkos/.kpa-deps-complete" ] && prefix_sm=$(awk '{print $2}' "$kokkos/.kpa-deps-complete") &&
+  [ -f "$kokkos/.kpa-deps-complete" ] && prefix_sm=$(awk '{print $3}' "$kokkos/.kpa-deps-complete") &&
     prefix_sm=${prefix_sm//[!0-9]/}
   log "building for sm_$sm (Kokkos prefix for sm_$prefix_sm) in $build"
   local flags="-arch=sm_$prefix_sm"
@@ -133,16 +135,19 @@ build_kpa() {
   [ "$status" = 0 ] || exit 1
 }
 
-# torch_extension BUILD: the PyTorch operators built against python3's torch and BUILD's kpa,
-# installed into BUILD/python-site.
+# torch_extension BUILD: the PyTorch operators built against python3's torch, BUILD's kpa and a
+# self-contained host libkpa for CPU tensors (BUILD/self-contained), installed into BUILD/python-site.
 torch_extension() {
   local from=$1
   cmake --install "$from" --prefix "$from/python-prefix" || return 1
+  BUILD_DIR=$from/self-contained "$repo/scripts/build.sh" --self-contained kpa &&
+    cmake --install "$from/self-contained" --prefix "$from/python-host-prefix" || return 1
+  export KPA_PREFIX=$from/python-prefix KPA_HOST_PREFIX=$from/python-host-prefix
   rm -rf "$from/python-site"
-  KPA_PREFIX=$from/python-prefix python3 -m pip install --no-build-isolation --no-index --no-deps \
-    --target "$from/python-site" "$repo/python" && return 0
+  python3 -m pip install --no-build-isolation --no-index --no-deps --target "$from/python-site" "$repo/python" &&
+    return 0
   log "pip could not install the package (no pip, setuptools or wheel?): building it with setup.py"
-  (cd "$repo/python" && KPA_PREFIX=$from/python-prefix python3 setup.py build --build-base "$from/python-build") &&
+  (cd "$repo/python" && python3 setup.py build --build-base "$from/python-build") &&
     mkdir -p "$from/python-site" && cp -r "$from"/python-build/lib*/kpa "$from/python-site/"
 }
 

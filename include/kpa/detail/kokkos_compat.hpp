@@ -1,11 +1,13 @@
 #pragma once
-// Every difference between the Kokkos versions kpa supports (3.4 to 5.x) lives here;
-// the rest of the project calls these names and never tests KOKKOS_VERSION itself.
+// Every difference between the Kokkos versions kpa supports (3.4 to 4.6; the test command builds
+// against 3.4.1 and 4.6.01, host and CUDA) lives here; the rest of the project calls these names
+// and never tests KOKKOS_VERSION itself.
 
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -20,6 +22,21 @@
 #define KPA_HOST_ONLY_BODY _Pragma("nv_exec_check_disable")
 #else
 #define KPA_HOST_ONLY_BODY
+#endif
+
+/// Inside a reducer with join(value_type&, const value_type&): the volatile join that Kokkos
+/// before 3.7 looks for in some reductions (later versions need none, and 4.0 refuses a
+/// volatile-only one). The reduced values are plain floats, so a copy through the non-volatile
+/// type is exact.
+#if KOKKOS_VERSION < 30700
+#define KPA_COMPAT_VOLATILE_JOIN(value_type)                                                         \
+  KOKKOS_INLINE_FUNCTION void join(volatile value_type& dest, const volatile value_type& src) const { \
+    value_type joined = const_cast<const value_type&>(dest);                                          \
+    join(joined, const_cast<const value_type&>(src));                                                 \
+    const_cast<value_type&>(dest) = joined;                                                           \
+  }
+#else
+#define KPA_COMPAT_VOLATILE_JOIN(value_type)
 #endif
 
 namespace kpa::detail::compat {
@@ -231,9 +248,21 @@ inline int device_max_threads_per_team(const Kokkos::Cuda& space) {
   return space.cuda_device_prop().maxThreadsPerBlock;
 }
 
+/// Level-0 scratch a CUDA team may have on every GPU, known without one (scripts/device_gate_plans.cu
+/// plans for GPUs it does not have): Kokkos 3.4 answers a constant; Kokkos 4 asks the device for
+/// its shared memory per block (48 KiB on every GPU, without opting in to more) and keeps what a
+/// team of up to 1024 threads needs for its reductions.
+inline std::size_t cuda_scratch_level0_max_on_any_gpu() {
+#if KOKKOS_VERSION >= 40000
+  return 48 * 1024 - (1024 + 2) * sizeof(double) - sizeof(std::int64_t);
+#else
+  return static_cast<std::size_t>(Kokkos::TeamPolicy<Kokkos::Cuda>::scratch_size_max(0));
+#endif
+}
+
 template <class Functor, class Policy>
 int resident_teams_per_sm(const Kokkos::Cuda&, const Policy& policy, std::size_t scratch_bytes) {
-  // The kernel Kokkos launches for a team parallel_for (the same type in Kokkos 3.4 to 4.x).
+  // The kernel Kokkos launches for a team parallel_for (the same type in Kokkos 3.4 to 4.6).
   using driver = Kokkos::Impl::ParallelFor<Functor, Policy, Kokkos::Cuda>;
   using launch = Kokkos::Impl::CudaParallelLaunch<driver, typename Policy::traits::launch_bounds>;
   const int threads = policy.team_size() * policy.impl_vector_length();

@@ -100,15 +100,7 @@ struct SoftmaxReducer {
 
   KOKKOS_INLINE_FUNCTION void join(value_type& dest, const value_type& src) const { dest.merge(src); }
 
-#if KOKKOS_VERSION < 30700
-  // Kokkos before 3.7 only finds a volatile join in some reductions. The states are plain
-  // floats, so a copy through the non-volatile type is exact.
-  KOKKOS_INLINE_FUNCTION void join(volatile value_type& dest, const volatile value_type& src) const {
-    value_type merged = const_cast<const value_type&>(dest);
-    merged.merge(const_cast<const value_type&>(src));
-    const_cast<value_type&>(dest) = merged;
-  }
-#endif
+  KPA_COMPAT_VOLATILE_JOIN(value_type)
 
   KOKKOS_INLINE_FUNCTION void init(value_type& value) const { value = value_type(); }
   KOKKOS_INLINE_FUNCTION value_type& reference() const { return *value_.data(); }
