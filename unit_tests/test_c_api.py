@@ -5,6 +5,10 @@ numpy reference, and the error paths.
     python3 test_c_api.py /path/to/libkpa.so           a host build: numpy's host pointers
     python3 test_c_api.py /path/to/libkpa.so --cuda    a CUDA build: every array goes to the GPU
                                                        through torch, each call gets device pointers
+    python3 test_c_api.py /path/to/libkpa.so --beside /path/to/other/libkpa.so
+                                                       a self-contained libkpa (its own Kokkos inside)
+                                                       with another libkpa and its Kokkos started in
+                                                       the same process; both compute at the end
 """
 import ctypes
 import sys
@@ -170,6 +174,12 @@ def run_all_versions(key_cache, value_cache, cache_dtype, expected, tolerance, *
 
 check(lib.kpa_init() == KPA_OK, "kpa_init")
 check(len(lib.kpa_version()) > 0, "kpa_version")
+beside = None
+if "--beside" in sys.argv[2:]:
+    beside = ctypes.CDLL(sys.argv[sys.argv.index("--beside") + 1])
+    beside.kpa_last_error.restype = ctypes.c_char_p
+    beside.kpa_paged_attention_v1.argtypes = [P, P] + ATTENTION
+    check(beside.kpa_init() == KPA_OK, "kpa_init of the library beside")
 
 # f16 cache written by kpa_reshape_and_cache, then attention.
 key_cache = np.full((num_blocks, kv_heads, head // 8, block, 8), np.nan, dtype=np.float16)
@@ -417,6 +427,14 @@ else:
     check(status == KPA_OK and error < 1e-3, f"kpa_paged_attention_v1 on a CUDA stream: {status}, {error}")
 check(raw.kpa_set_execution(KPA_MEMORY_DEFAULT, None) == KPA_OK, "back to the default execution")
 
+if beside is not None:
+    # The other library's Kokkos ran all along beside this one's: both still compute the same step.
+    for name, which in (("this library", lib), ("the library beside", beside)):
+        host_out = np.full((seqs, heads, head), np.nan, dtype=np.float16)
+        status = which.kpa_paged_attention_v1(host_out.ctypes.data_as(ctypes.c_void_p), *host_args)
+        error = np.abs(host_out.astype(np.float64) - reference(keys, values)).max()
+        check(status == KPA_OK and error < 1e-3, f"{name}, both started: {status}, {error}")
+    beside.kpa_finalize()
 lib.kpa_finalize()
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
