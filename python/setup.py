@@ -6,11 +6,15 @@ from Kokkos_ROOT, or the tree's .deps/install made by scripts/bootstrap-deps.sh)
 is copied into the package, which finds it next to itself from any install location.
 
 A CUDA build of kpa (a libkpa.so that needs the CUDA runtime) gives a CUDA extension: it runs
-CUDA tensors on torch's current stream as well as CPU tensors, and needs a CUDA build of torch
-of the same CUDA major version and the CUDA Toolkit's headers (CUDA_HOME, or nvcc on PATH).
+CUDA tensors on torch's current stream, needs a CUDA build of torch of the same CUDA major
+version and the CUDA Toolkit's headers (CUDA_HOME, or nvcc on PATH), and runs CPU tensors on a
+second, host-only libkpa that carries its own Kokkos (built with -DKPA_SELF_CONTAINED=ON against
+a static Kokkos: scripts/build.sh --self-contained), from KPA_HOST_PREFIX, copied into kpa/host/.
+So CPU tensors run whether or not the machine has a GPU or its driver.
 
     pip install --no-build-isolation ./python                 # torch from the environment
     KPA_PREFIX=/opt/kpa pip install --no-build-isolation ./python
+    KPA_PREFIX=/opt/kpa-cuda KPA_HOST_PREFIX=/opt/kpa-host pip install --no-build-isolation ./python
 """
 
 import glob
@@ -49,14 +53,15 @@ def built_kpa_prefix():
     return prefix
 
 
-def kpa_prefix():
-    prefix = os.environ.get("KPA_PREFIX")
-    if not prefix:
-        return built_kpa_prefix()
-    prefix = Path(prefix).resolve()
+def installed_prefix(variable):
+    prefix = Path(os.environ[variable]).resolve()
     if not (prefix / "include" / "kpa" / "kpa.h").is_file():
-        raise SystemExit(f"kpa: KPA_PREFIX={prefix} has no include/kpa/kpa.h")
+        raise SystemExit(f"kpa: {variable}={prefix} has no include/kpa/kpa.h")
     return prefix
+
+
+def kpa_prefix():
+    return installed_prefix("KPA_PREFIX") if os.environ.get("KPA_PREFIX") else built_kpa_prefix()
 
 
 def library_dir(prefix):
@@ -67,7 +72,6 @@ def library_dir(prefix):
 
 
 prefix = kpa_prefix()
-libdir = library_dir(prefix)
 
 
 def dynamic_section(lib, tag):
@@ -75,27 +79,48 @@ def dynamic_section(lib, tag):
     return [line.split()[1] for line in dynamic.splitlines() if line.strip().startswith(tag + " ")]
 
 
-def soname(lib):
-    names = dynamic_section(lib, "SONAME")
-    return names[0] if names else os.path.basename(lib)
+def library_file(prefix):
+    """The real file of a prefix's libkpa.so.* (its symbolic links left out)."""
+    files = [lib for lib in glob.glob(str(library_dir(prefix) / "libkpa.so.*")) if not os.path.islink(lib)]
+    if not files:
+        raise SystemExit(f"kpa: no libkpa.so.* under {prefix}")
+    return files[0]
 
 
-libraries = [lib for lib in glob.glob(str(libdir / "libkpa.so.*")) if not os.path.islink(lib)]
-if not libraries:
-    raise SystemExit(f"kpa: no libkpa.so.* under {libdir}")
+library = library_file(prefix)
 # A CUDA build of kpa links the CUDA runtime; its operators then take CUDA tensors too.
-cuda_kpa = any(name.startswith("libcudart") for name in dynamic_section(libraries[0], "NEEDED"))
+cuda_kpa = any(name.startswith("libcudart") for name in dynamic_section(library, "NEEDED"))
 if cuda_kpa and torch.version.cuda is None:
-    raise SystemExit(f"kpa: {libraries[0]} is a CUDA build of kpa; it needs a CUDA build of torch "
+    raise SystemExit(f"kpa: {library} is a CUDA build of kpa; it needs a CUDA build of torch "
                      f"(this torch {torch.__version__} has no CUDA)")
 
+if cuda_kpa:
+    if not os.environ.get("KPA_HOST_PREFIX"):
+        raise SystemExit("kpa: a CUDA build of kpa runs CPU tensors on a host libkpa that carries its own Kokkos: set "
+                         "KPA_HOST_PREFIX to an installed kpa built with -DKPA_SELF_CONTAINED=ON against a static "
+                         "Kokkos (scripts/build.sh --self-contained, then cmake --install)")
+    host_library = library_file(installed_prefix("KPA_HOST_PREFIX"))
+    needed = dynamic_section(host_library, "NEEDED")
+    if any(name.startswith(("libkokkos", "libcudart")) for name in needed):
+        raise SystemExit(f"kpa: {host_library} (KPA_HOST_PREFIX) needs {', '.join(needed)}: it must be a host "
+                         "build of kpa with -DKPA_SELF_CONTAINED=ON, which carries its own Kokkos")
 
-# The library, under the name the extension loads it by (its soname), next to the package's modules.
-for old in glob.glob(str(HERE / "kpa" / "libkpa.so*")):
-    os.remove(old)
-for lib in libraries:
+
+def copy_library(file, folder):
+    """The library, as folder/libkpa.so: the extension loads it by that path at run time
+    (csrc/torch_ops.cpp), so no soname or run path is involved."""
+    folder.mkdir(exist_ok=True)
+    for old in glob.glob(str(folder / "libkpa.so*")):
+        os.remove(old)
     # A fresh modification time: setuptools' build folder keeps a copy it thinks newer otherwise.
-    shutil.copy(lib, HERE / "kpa" / soname(lib))
+    shutil.copy(file, folder / "libkpa.so")
+
+
+copy_library(library, HERE / "kpa")
+if cuda_kpa:
+    copy_library(host_library, HERE / "kpa" / "host")
+else:
+    shutil.rmtree(HERE / "kpa" / "host", ignore_errors=True)
 
 # torch 2's headers pick their own C++ standard (C++17 or later); torch 1.x's default is C++14.
 flags = ["-O2", "-Wall"] + (["-std=c++17"] if int(torch.__version__.split(".")[0]) < 2 else [])
@@ -106,11 +131,9 @@ setup(
             "kpa._torch_ops",
             ["csrc/torch_ops.cpp"],
             include_dirs=[str(prefix / "include")],
-            library_dirs=[str(libdir)],
-            libraries=["kpa"],
+            libraries=["dl"],
             define_macros=[("KPA_TORCH_CUDA", "1")] if cuda_kpa else [],
             extra_compile_args={"cxx": flags} if cuda_kpa else flags,
-            extra_link_args=["-Wl,-rpath,$ORIGIN"],
         )
     ],
     cmdclass={"build_ext": BuildExtension},

@@ -109,7 +109,7 @@ def main():
         torch.ops.kpa.paged_attention_v1(out, q, kc, vc, kv_heads, scale, bt, sl, block, 16, None, "auto", one, one, 0,
                                          0, 0, 64, 0)
 
-    lib = ctypes.CDLL(os.path.join(os.path.dirname(kpa.__file__), "libkpa.so.0.1"))
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(kpa.__file__), "libkpa.so"))
     P, I64 = ctypes.c_void_p, ctypes.c_int64
     lib.kpa_paged_attention_v1.argtypes = [P, P, ctypes.c_int, P, P, ctypes.c_int, I64, I64, I64, I64, I64, I64, P, I64,
                                            P, I64, ctypes.c_float, P, ctypes.c_float, ctypes.c_float, ctypes.c_int, P]

@@ -4,11 +4,14 @@
 // kpa's status codes into Python exceptions: ValueError for bad arguments, NotImplementedError
 // for what kpa does not support, RuntimeError otherwise.
 //
-// CPU tensors run on kpa's host back end (OpenMP), in a host build of libkpa and in a CUDA build
-// alike. Built against a CUDA build of libkpa (KPA_TORCH_CUDA), CUDA tensors run on Kokkos::Cuda
-// on torch's current stream, without waiting for the GPU unless an index check or an fp8 scale
-// held on the GPU needs a value back. The same checks run for meta tensors (torch's fake
-// tensors: shape propagation under tracing and torch.compile) without touching data.
+// The extension loads its libkpa at run time from the package's folder rather than linking it,
+// so that a CUDA build can hold two: CPU tensors run on a host libkpa (OpenMP), CUDA tensors on
+// the CUDA build of libkpa (KPA_TORCH_CUDA), on torch's current stream, without waiting for the
+// GPU unless an index check or an fp8 scale held on the GPU needs a value back. Each library
+// starts when the first tensor of its kind arrives, so CPU tensors run on a machine without a
+// GPU or its driver. The CUDA build's host libkpa carries its own Kokkos and exports the C ABI
+// only (KPA_SELF_CONTAINED), so the two Kokkos never meet. The same checks run for meta tensors
+// (torch's fake tensors: shape propagation under tracing and torch.compile) without touching data.
 
 #include <kpa/kpa.h>
 
@@ -20,6 +23,9 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
+#include <dlfcn.h>
+
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -32,37 +38,148 @@ namespace {
 /// vLLM's PARTITION_SIZE: paged_attention_v2 splits every sequence into partitions of 512 tokens.
 constexpr int64_t kPartitionSize = 512;
 
+// The C ABI functions the operators call, each a member of KpaLibrary.
+#define KPA_TORCH_C_ABI(X)                                                                                        \
+  X(init) X(last_error) X(version) X(host_isa) X(set_check_indices) X(set_execution) X(paged_attention_v1)     \
+  X(paged_attention_v2) X(paged_attention_ex) X(attention_options_init) X(reshape_and_cache) X(copy_blocks)    \
+  X(swap_blocks)
+
+/// One libkpa's C ABI, resolved from the library file.
+struct KpaLibrary {
+#define KPA_TORCH_MEMBER(name) decltype(&kpa_##name) name = nullptr;
+  KPA_TORCH_C_ABI(KPA_TORCH_MEMBER)
+#undef KPA_TORCH_MEMBER
+
+  /// Raises the exception matching a kpa_status, with this library's message.
+  void check(int status) const {
+    if (status == KPA_OK) return;
+    const std::string message = last_error();
+    TORCH_CHECK_VALUE(status != KPA_ERR_INVALID_ARGUMENT, message);
+    TORCH_CHECK_NOT_IMPLEMENTED(status != KPA_ERR_UNSUPPORTED, message);
+    TORCH_CHECK(false, message);
+  }
+};
+
+/// The folder this extension was loaded from, which holds its libraries.
+std::string package_folder() {
+  Dl_info info{};
+  TORCH_CHECK(dladdr(reinterpret_cast<void*>(&package_folder), &info) != 0 && info.dli_fname != nullptr,
+              "kpa: cannot tell where the extension was loaded from");
+  const std::string path = info.dli_fname;
+  return path.substr(0, path.rfind('/') + 1);
+}
+
+/// Whether the operators check the indices they follow (kpa.set_check_indices): held here and
+/// given to every library as it starts, so that the host and CUDA libraries agree.
+std::atomic<bool> check_indices_setting{true};
+std::mutex libraries_mutex;  // library start-up and set_check_indices
+
+/// A libkpa of the package (file: its path relative to the package's folder), loaded and
+/// initialised once, when first asked for.
+class LibraryHolder {
+ public:
+  LibraryHolder(const char* file, const char* what) : file_(file), what_(what) {}
+
+  /// The library's C ABI, loaded but not initialised (kpa_version needs no Kokkos); null if it
+  /// cannot be loaded (error() says why).
+  const KpaLibrary* loaded() {
+    std::call_once(load_once_, [this] { load(); });
+    return error_.empty() ? &library_ : nullptr;
+  }
+
+  /// The library, initialised (`before_init` runs just before kpa_init); null if it cannot start.
+  template <class BeforeInit>
+  const KpaLibrary* started(BeforeInit&& before_init) {
+    const KpaLibrary* library = loaded();
+    if (library == nullptr) return nullptr;
+    std::call_once(start_once_, [&] {
+      before_init();
+      const std::lock_guard<std::mutex> lock(libraries_mutex);
+      if (library->init() != KPA_OK) {
+        error_ = std::string("kpa: ") + what_ + " could not start: " + library->last_error();
+        return;
+      }
+      library->set_check_indices(check_indices_setting.load() ? 1 : 0);
+      started_ = true;
+    });
+    return started_ ? library : nullptr;
+  }
+
+  /// Why loaded() or started() gave null.
+  const std::string& error() const { return error_; }
+
+  /// The library if it has started (else null), for settings that every started library takes.
+  const KpaLibrary* if_started() const { return started_ ? &library_ : nullptr; }
+
+ private:
+  void load() {
+    const std::string path = package_folder() + file_;
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      error_ = std::string("kpa: ") + what_ + " could not start: " + dlerror();
+      return;
+    }
+#define KPA_TORCH_RESOLVE(name)                                                                            \
+  library_.name = reinterpret_cast<decltype(&kpa_##name)>(dlsym(handle, "kpa_" #name));                   \
+  if (library_.name == nullptr) {                                                                          \
+    error_ = std::string("kpa: ") + path + " has no kpa_" #name " (a libkpa of another version?)";         \
+    return;                                                                                                \
+  }
+    KPA_TORCH_C_ABI(KPA_TORCH_RESOLVE)
+#undef KPA_TORCH_RESOLVE
+  }
+
+  const char* file_;
+  const char* what_;
+  std::once_flag load_once_, start_once_;
+  KpaLibrary library_;
+  std::string error_;
+  std::atomic<bool> started_{false};
+};
+
+/// The libkpa CPU tensors run on (setup.py puts the libraries in place).
+#ifdef KPA_TORCH_CUDA
+LibraryHolder host_library("host/libkpa.so", "kpa's host library");
+#else
+LibraryHolder host_library("libkpa.so", "kpa's host library");
+#endif
+
+const KpaLibrary& host_kpa() {
+  const KpaLibrary* library = host_library.started([] {});
+  TORCH_CHECK(library != nullptr, host_library.error());
+  return *library;
+}
+
+#ifdef KPA_TORCH_CUDA
+/// The CUDA build of libkpa, for CUDA tensors.
+LibraryHolder cuda_library("libkpa.so", "kpa's CUDA back end");
+
 /// The GPU kpa runs on: Kokkos (3.4 and later) drives one device per process, chosen when kpa
 /// initialises it. Unless KOKKOS_DEVICE_ID says otherwise, that is torch's current device then.
-[[maybe_unused]] int kpa_gpu = -1;
+int kpa_gpu = -1;
 
-void ensure_initialised() {
-  static std::once_flag once;
-  static int status = KPA_OK;
-  static std::string message;
-  std::call_once(once, [] {
-#ifdef KPA_TORCH_CUDA
+const KpaLibrary& cuda_kpa() {
+  const KpaLibrary* library = cuda_library.started([] {
     if (const char* chosen = std::getenv("KOKKOS_DEVICE_ID")) {
       kpa_gpu = std::atoi(chosen);
     } else if (at::cuda::is_available()) {
       kpa_gpu = at::cuda::current_device();
       setenv("KOKKOS_DEVICE_ID", std::to_string(kpa_gpu).c_str(), 0);
     }
-#endif
-    status = kpa_init();
-    if (status != KPA_OK) message = kpa_last_error();
   });
-  TORCH_CHECK(status == KPA_OK, "kpa: kpa_init failed: ", message);
+  if (library == nullptr) {
+    const std::string& why = cuda_library.error();
+    // The library (through Kokkos) needs the driver's libcuda.so.1 to load at all.
+    const bool no_driver = why.find("libcuda.so") != std::string::npos;
+    TORCH_CHECK(false, why, no_driver ? " (the NVIDIA driver is not installed on this machine)" : "",
+                "; CPU tensors still run on kpa's host back end");
+  }
+  return *library;
 }
+#endif
 
-/// Raises the exception matching a kpa_status, with kpa's message.
-void check_status(int status) {
-  if (status == KPA_OK) return;
-  const std::string message = kpa_last_error();
-  TORCH_CHECK_VALUE(status != KPA_ERR_INVALID_ARGUMENT, message);
-  TORCH_CHECK_NOT_IMPLEMENTED(status != KPA_ERR_UNSUPPORTED, message);
-  TORCH_CHECK(false, message);
-}
+/// Whether kpa checks indices before launching (kpa.set_check_indices).
+bool indices_checked() { return check_indices_setting.load(); }
 
 std::string shape_of(const at::Tensor& t) { return c10::str(t.sizes()); }
 
@@ -132,12 +249,6 @@ void expect_index_type(const char* op, const char* name, const at::Tensor& t) {
                     " must be int32 or int64, not ", t.scalar_type());
 }
 
-/// Whether kpa checks indices before launching (kpa.set_check_indices).
-bool indices_checked() {
-  ensure_initialised();
-  return kpa_check_indices() != 0;
-}
-
 /// An int32 or int64 index tensor as a contiguous int32 one (the C ABI's), refusing values that
 /// int32 cannot hold rather than wrapping them when indices are checked (the check reads the
 /// extremes back on the host).
@@ -176,39 +287,40 @@ Where where_of(const char* op, const at::Tensor& t) {
   C10_THROW_ERROR(NotImplementedError, c10::str(op, ": kpa takes ", kTensorKinds, " tensors, not ", t.device().type(), " ones"));
 }
 
-/// Where this thread's kpa calls go: the host back end (no stream), or a GPU stream, and whether
-/// a CUDA graph is capturing that stream.
+/// Where this thread's kpa calls go: the host library, or the CUDA one on a GPU stream, and
+/// whether a CUDA graph is capturing that stream.
 struct Launch {
+  const KpaLibrary* kpa = nullptr;
   void* stream = nullptr;
   bool capturing = false;
 };
 
-/// Points this thread's kpa calls at the back end for `where`: the host, or the GPU of `t` on
-/// torch's current stream there.
+/// The library for `where`, this thread's calls pointed at its back end: the host, or the GPU of
+/// `t` on torch's current stream there.
 Launch run_on(const char* op, Where where, const at::Tensor& t) {
-  ensure_initialised();
-  Launch launch;
   if (where == Where::Host) {
-    check_status(kpa_set_execution(KPA_MEMORY_HOST, nullptr));
-    return launch;
+    const KpaLibrary& host = host_kpa();
+    host.check(host.set_execution(KPA_MEMORY_HOST, nullptr));
+    return Launch{&host};
   }
 #ifdef KPA_TORCH_CUDA
+  const KpaLibrary& gpu = cuda_kpa();
   TORCH_CHECK_NOT_IMPLEMENTED(t.device().index() == kpa_gpu, op, ": kpa runs on one GPU per process, cuda:", kpa_gpu,
                               " (torch's device when kpa started, or KOKKOS_DEVICE_ID); this tensor is on ",
                               t.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(t.device().index()).stream();
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   TORCH_CHECK(cudaStreamIsCapturing(stream, &status) == cudaSuccess, op, ": cudaStreamIsCapturing failed");
-  launch = Launch{stream, status != cudaStreamCaptureStatusNone};
+  const Launch launch{&gpu, stream, status != cudaStreamCaptureStatusNone};
   TORCH_CHECK(!(launch.capturing && indices_checked()), op,
               ": the index check waits for the GPU, which a CUDA graph capture forbids; call "
               "kpa.set_check_indices(False) before capturing");
-  check_status(kpa_set_execution(KPA_MEMORY_DEFAULT, launch.stream));
-#else
-  (void)op;
-  (void)t;
-#endif
+  gpu.check(gpu.set_execution(KPA_MEMORY_DEFAULT, launch.stream));
   return launch;
+#else
+  (void)t;
+  C10_THROW_ERROR(NotImplementedError, c10::str(op, ": this kpa was built for CPU tensors only"));
+#endif
 }
 
 /// A scale's value, read on the host (a scale on the GPU is copied back: a wait for the stream).
@@ -352,7 +464,7 @@ void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tens
   if (where == Where::Meta) return;  // the checks are the whole operator
   const Launch launch = run_on(op, where, out);
   prepare(op, a, launch, query, block_tables, seq_lens, alibi_slopes, k_scale, v_scale);
-  check_status(kpa_paged_attention_v1(
+  launch.kpa->check(launch.kpa->paged_attention_v1(
       data_or_null(out), data_or_null(a.query), a.dtype, data_or_null(key_cache), data_or_null(value_cache), a.cache_dtype,
       a.num_seqs, a.num_heads, a.num_kv_heads, a.head_size, a.num_blocks, a.block_size,
       static_cast<const int32_t*>(data_or_null(a.block_tables)), a.max_blocks_per_seq,
@@ -391,7 +503,7 @@ void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_l
   if (where == Where::Meta) return;
   const Launch launch = run_on(op, where, out);
   prepare(op, a, launch, query, block_tables, seq_lens, alibi_slopes, k_scale, v_scale);
-  check_status(kpa_paged_attention_v2(
+  launch.kpa->check(launch.kpa->paged_attention_v2(
       data_or_null(out), static_cast<float*>(data_or_null(exp_sums)), static_cast<float*>(data_or_null(max_logits)),
       data_or_null(tmp_out), partitions, kPartitionSize, data_or_null(a.query), a.dtype,
       data_or_null(key_cache), data_or_null(value_cache), a.cache_dtype, a.num_seqs, a.num_heads, a.num_kv_heads,
@@ -428,7 +540,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   prepare(op, a, launch, query, block_tables, seq_lens, alibi_slopes, k_scale, v_scale, query_start_loc);
   const at::Tensor sink_values = sinks ? sinks->contiguous() : at::Tensor();
   kpa_attention_options options;
-  kpa_attention_options_init(&options);
+  launch.kpa->attention_options_init(&options);
   options.scale = static_cast<float>(scale);
   options.k_scale = a.k_scale;
   options.v_scale = a.v_scale;
@@ -439,7 +551,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   options.query_start_loc = query_start_loc ? static_cast<const int32_t*>(a.query_start_loc.data_ptr()) : nullptr;
   options.num_tokens = a.num_tokens;
   options.check_indices = indices_checked() ? 1 : 0;
-  check_status(kpa_paged_attention_ex(
+  launch.kpa->check(launch.kpa->paged_attention_ex(
       data_or_null(out), data_or_null(a.query), a.dtype, data_or_null(key_cache), data_or_null(value_cache),
       a.cache_dtype, a.num_seqs, a.num_heads, a.num_kv_heads, a.head_size, a.num_blocks, a.block_size,
       static_cast<const int32_t*>(data_or_null(a.block_tables)), a.max_blocks_per_seq,
@@ -481,7 +593,7 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
   const at::Tensor k = key.contiguous(), v = value.contiguous();
   const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
   const bool fp8 = cache_dtype == KPA_FP8_E4M3 || cache_dtype == KPA_FP8_E5M2;
-  check_status(kpa_reshape_and_cache(data_or_null(k), data_or_null(v), dtype, data_or_null(key_cache),
+  launch.kpa->check(launch.kpa->reshape_and_cache(data_or_null(k), data_or_null(v), dtype, data_or_null(key_cache),
                                      data_or_null(value_cache), cache_dtype, tokens, kv_heads, head_size, blocks,
                                      block_size, static_cast<const int64_t*>(data_or_null(slots)),
                                      fp8 ? scale_value(op, k_scale, launch) : 1.0f,
@@ -533,7 +645,7 @@ void copy_blocks(const std::vector<at::Tensor>& key_caches, const std::vector<at
   expect_same_device(op, "block_mapping", block_mapping, "key_caches[0]", first);
   const Where where = where_of(op, first);
   if (where == Where::Meta) return;
-  run_on(op, where, first);
+  const Launch launch = run_on(op, where, first);
   const int64_t layers = static_cast<int64_t>(key_caches.size());
   std::vector<void*> keys(layers), values(layers);
   for (int64_t l = 0; l < layers; ++l) {
@@ -542,7 +654,7 @@ void copy_blocks(const std::vector<at::Tensor>& key_caches, const std::vector<at
   }
   const at::Tensor mapping = block_mapping.to(at::kLong).contiguous();
   const int64_t blocks = first.size(0);
-  check_status(kpa_copy_blocks(keys.data(), values.data(), layers, storage_dtype(op, "key_caches[0]", first), blocks,
+  launch.kpa->check(launch.kpa->copy_blocks(keys.data(), values.data(), layers, storage_dtype(op, "key_caches[0]", first), blocks,
                                blocks > 0 ? std::max<int64_t>(first.numel() / blocks, 1) : 1,
                                static_cast<const int64_t*>(data_or_null(mapping)), mapping.size(0)));
 }
@@ -568,11 +680,11 @@ void swap_blocks(const at::Tensor& src, at::Tensor& dst, const at::Tensor& block
   const bool src_on_gpu = src_where == Where::Gpu;
   const bool on_gpu = src_on_gpu || dst_where == Where::Gpu;
   if (src_on_gpu && dst_where == Where::Gpu) expect_same_device(op, "dst", dst, "src", src);
-  run_on(op, on_gpu ? Where::Gpu : Where::Host, src_on_gpu ? src : dst);
+  const Launch launch = run_on(op, on_gpu ? Where::Gpu : Where::Host, src_on_gpu ? src : dst);
   const auto memory = [](Where w) { return w == Where::Gpu ? KPA_MEMORY_DEFAULT : KPA_MEMORY_HOST; };
   const at::Tensor mapping = block_mapping.to(at::kLong).contiguous();
   const int64_t block_bytes = src.size(0) > 0 ? src.numel() / src.size(0) * src.element_size() : 0;
-  check_status(kpa_swap_blocks(data_or_null(src), memory(src_where), src.size(0), data_or_null(dst),
+  launch.kpa->check(launch.kpa->swap_blocks(data_or_null(src), memory(src_where), src.size(0), data_or_null(dst),
                                memory(dst_where), dst.size(0), std::max<int64_t>(block_bytes, 1),
                                static_cast<const int64_t*>(data_or_null(mapping)), mapping.size(0)));
 }
@@ -580,11 +692,34 @@ void swap_blocks(const at::Tensor& src, at::Tensor& dst, const at::Tensor& block
 /// kpa.set_check_indices: whether the operators check the indices they follow (on by default);
 /// returns the previous setting.
 bool set_check_indices(bool enabled) {
-  ensure_initialised();
-  return kpa_set_check_indices(enabled ? 1 : 0) != 0;
+  const std::lock_guard<std::mutex> lock(libraries_mutex);
+  const bool previous = check_indices_setting.exchange(enabled);
+  for (const KpaLibrary* started : {host_library.if_started(),
+#ifdef KPA_TORCH_CUDA
+                                    cuda_library.if_started(),
+#endif
+                                   }) {
+    if (started != nullptr) started->set_check_indices(enabled ? 1 : 0);
+  }
+  return previous;
 }
 
-std::string version() { return kpa_version(); }
+std::string version() {
+  const KpaLibrary* library = host_library.loaded();
+  TORCH_CHECK(library != nullptr, host_library.error());
+  return library->version();
+}
+
+/// kpa.init_cuda: starts the CUDA back end now (the first call on CUDA tensors does otherwise);
+/// raises RuntimeError saying why it cannot (no GPU, no driver).
+void init_cuda() {
+#ifdef KPA_TORCH_CUDA
+  cuda_kpa();
+#else
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "kpa.init_cuda: this kpa was built for CPU tensors only (a host build of "
+                                     "libkpa); CUDA tensors need kpa built with its CUDA back end (see the README)");
+#endif
+}
 
 bool built_for_cuda() {
 #ifdef KPA_TORCH_CUDA
@@ -594,10 +729,7 @@ bool built_for_cuda() {
 #endif
 }
 
-std::string host_isa() {
-  ensure_initialised();
-  return kpa_host_isa();
-}
+std::string host_isa() { return host_kpa().host_isa(); }
 
 }  // namespace
 
@@ -627,6 +759,7 @@ TORCH_LIBRARY(kpa, m) {
   m.def("set_check_indices(bool enabled) -> bool", &set_check_indices);
   m.def("version() -> str", &version);
   m.def("built_for_cuda() -> bool", &built_for_cuda);
+  m.def("init_cuda() -> ()", &init_cuda);
   m.def("host_isa() -> str", &host_isa);
 }
 

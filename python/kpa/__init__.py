@@ -4,7 +4,8 @@ Importing the package registers kpa's operators as ``torch.ops.kpa.*`` (vLLM's s
 paged_attention_v1, paged_attention_v2, reshape_and_cache, copy_blocks, swap_blocks) and
 provides :mod:`kpa.vllm_ops`, functions with the signatures of ``vllm._custom_ops``. The
 operators take CPU tensors, and CUDA tensors too when the package was built against a CUDA build
-of kpa (``kpa.built_for_cuda``): those run on torch's current stream. :mod:`kpa.vllm_backend` is
+of kpa (``kpa.built_for_cuda``): those run on torch's current stream. CPU tensors run on kpa's
+host back end in either build, on machines with or without a GPU. :mod:`kpa.vllm_backend` is
 kpa as an attention backend of vLLM's engine, which vLLM finds through :mod:`kpa.vllm_plugin`.
 """
 
@@ -55,6 +56,13 @@ def paged_attention(out, query, key_cache, value_cache, num_kv_heads, scale, blo
                                   sliding_window, sinks)
 
 
+def init_cuda() -> None:
+    """Starts kpa's CUDA back end now (the first call on CUDA tensors does otherwise). Raises
+    RuntimeError saying why it cannot (no GPU, or no driver: CPU tensors still run), and
+    NotImplementedError on a package built for CPU tensors only."""
+    torch.ops.kpa.init_cuda()
+
+
 def set_check_indices(enabled: bool) -> bool:
     """Whether the operators check the indices they follow before launching (on by default):
     seq_lens and block_tables, slot_mapping, block_mapping, and that int64 tables fit int32. The
@@ -63,4 +71,5 @@ def set_check_indices(enabled: bool) -> bool:
     return torch.ops.kpa.set_check_indices(enabled)
 
 
-__all__ = ["vllm_ops", "paged_attention", "host_isa", "set_check_indices", "built_for_cuda", "__version__"]
+__all__ = ["vllm_ops", "paged_attention", "host_isa", "init_cuda", "set_check_indices", "built_for_cuda",
+           "__version__"]

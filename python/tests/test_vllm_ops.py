@@ -4,6 +4,9 @@ KPA_TEST_DEVICE=cuda)."""
 
 import inspect
 import math
+import os
+import subprocess
+import sys
 import threading
 import types
 
@@ -410,6 +413,46 @@ def test_gpu_tensors_on_a_cpu_build_are_refused():
     p = Problem([3], seed=43)
     with pytest.raises(NotImplementedError, match="built for CPU tensors only"):
         run("v1", p, out=torch.empty(p.query.shape, dtype=p.dtype, device="cuda"), query=p.query.cuda())
+
+
+CPU_TENSORS_IN_A_FRESH_PROCESS = """
+import os, torch, kpa
+keys = torch.arange(2 * 4 * 8, dtype=torch.float32).reshape(2, 4, 8)
+values = -keys
+torch.ops.kpa.copy_blocks([keys], [values], torch.tensor([[0, 1]]))
+assert torch.equal(keys[1], keys[0]) and torch.equal(values[1], values[0])
+package = os.path.dirname(kpa.__file__)
+mapped = {line.split()[-1] for line in open("/proc/self/maps") if line.rstrip().endswith("libkpa.so")}
+print(sorted(os.path.relpath(path, package) for path in mapped))
+"""
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU tensors in a process that touches no GPU")
+def test_cpu_tensors_start_only_the_host_library():
+    """CPU tensors run on the package's host libkpa and never load its CUDA one: a CUDA build's
+    CPU tensors keep running on a machine without a GPU or its driver."""
+    result = subprocess.run([sys.executable, "-c", CPU_TENSORS_IN_A_FRESH_PROCESS], capture_output=True, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stderr
+    expected = ["host/libkpa.so"] if kpa.built_for_cuda else ["libkpa.so"]
+    assert result.stdout.split("\n")[-2] == str(expected)
+
+
+def test_init_cuda_says_why_the_cuda_back_end_cannot_start():
+    """kpa.init_cuda starts the CUDA back end where there is a GPU; elsewhere it says why not, and
+    CPU tensors run on as before."""
+    if not kpa.built_for_cuda:
+        with pytest.raises(NotImplementedError, match="built for CPU tensors only"):
+            kpa.init_cuda()
+    elif torch.cuda.is_available():
+        kpa.init_cuda()
+    else:
+        with pytest.raises(RuntimeError, match="kpa's CUDA back end could not start: .*driver.*CPU tensors still run"):
+            kpa.init_cuda()
+    if not ON_GPU:
+        p = Problem([5, 40], seed=101)
+        out, _ = run("v1", p)
+        assert_close(out.float(), p.reference()[0], p.dtype, "v1 after init_cuda")
 
 
 def test_index_checks_can_be_turned_off():
