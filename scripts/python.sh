@@ -13,8 +13,11 @@
 # BUILD_DIR (default <repo>/build) when it has one, installed into BUILD_DIR/python-prefix; else
 # the package's setup.py builds it from this tree. A CUDA build of kpa (BUILD_DIR=<repo>/build-cuda)
 # gives the CUDA extension: it needs --torch2 and the CUDA Toolkit (CUDA_HOME, default
-# /usr/local/cuda). The environment: KPA_PYTHON_VENV (default BUILD_DIR/python-venv, or
-# BUILD_DIR/python-venv-torch2); use it with `$KPA_PYTHON_VENV/bin/python -c "import kpa"`.
+# /usr/local/cuda), and runs CPU tensors on a host libkpa that carries its own Kokkos:
+# KPA_HOST_PREFIX if set, else scripts/build.sh --self-contained's, installed into
+# <repo>/build-self-contained/python-prefix. The environment: KPA_PYTHON_VENV (default
+# BUILD_DIR/python-venv, or BUILD_DIR/python-venv-torch2); use it with
+# `$KPA_PYTHON_VENV/bin/python -c "import kpa"`.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -64,7 +67,17 @@ if [ -z "${KPA_PREFIX:-}" ]; then
     export Kokkos_ROOT
   fi
 fi
-log "pip install python/ into $venv (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'), kpa from ${KPA_PREFIX:-a build of this tree})"
+cuda_kpa() {  # whether the installed kpa in $1 is a CUDA build (its libkpa.so needs the CUDA runtime)
+  case "$(objdump -p "$1"/lib*/libkpa.so 2>/dev/null)" in *"NEEDED"*"libcudart"*) return 0 ;; *) return 1 ;; esac
+}
+if [ -z "${KPA_HOST_PREFIX:-}" ] && [ -n "${KPA_PREFIX:-}" ] && cuda_kpa "$KPA_PREFIX"; then
+  host_build=$repo/build-self-contained
+  log "the CUDA package's host library: scripts/build.sh --self-contained in $host_build"
+  BUILD_DIR=$host_build "$repo/scripts/build.sh" --self-contained kpa
+  export KPA_HOST_PREFIX=$host_build/python-prefix
+  cmake --install "$host_build" --prefix "$KPA_HOST_PREFIX" >/dev/null
+fi
+log "pip install python/ into $venv (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'), kpa from ${KPA_PREFIX:-a build of this tree}${KPA_HOST_PREFIX:+, host library from $KPA_HOST_PREFIX})"
 # --no-build-isolation: build against the torch the package will run with; --no-index: nothing
 # is fetched, every dependency is in the environment already.
 "$venv/bin/python" -m pip install --quiet --no-build-isolation --no-index --no-deps "$repo/python"
