@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The machine-code gates of the streaming device kernel (no GPU needed; nvcc is):
+# The machine-code gates of the device kernel (no GPU needed; nvcc is):
 #   scripts/device-gates.sh [LIBKPA]
 # installs NVIDIA's cuobjdump and nvdisasm from the Python package index into
 # <CUDA_BUILD_DIR>/device-tools (once), compiles the kernel's instantiations
@@ -29,11 +29,11 @@ tools=$(dirname "$(find "$tools_env" -path '*/nvidia/*/bin/cuobjdump' | head -n1
 kokkos=$("$repo/scripts/bootstrap-deps.sh" --cuda)
 binaries=()
 for sm in 80 90; do
-  log "compiling the streaming kernel's instantiations for sm_$sm"
+  log "compiling the device kernel's instantiations for sm_$sm"
   nvcc -x cu -std=c++17 -O3 -arch=sm_$sm --cubin -expt-extended-lambda \
     -I "$repo/include" -I "$cuda_build/include" -isystem "$kokkos/include" \
-    "$repo/scripts/device_gate_kernels.cu" -o "$out/streaming_kernels.sm_$sm.cubin"
-  binaries+=("sm_$sm=$out/streaming_kernels.sm_$sm.cubin")
+    "$repo/scripts/device_gate_kernels.cu" -o "$out/device_kernels.sm_$sm.cubin"
+  binaries+=("sm_$sm=$out/device_kernels.sm_$sm.cubin")
 done
 model=()
 if [ -n "${1:-}" ]; then

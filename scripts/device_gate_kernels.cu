@@ -1,4 +1,4 @@
-// The streaming attention kernel's instantiations that scripts/device-gates.sh compiles for each
+// The device-path attention kernel's instantiations that scripts/device-gates.sh compiles for each
 // gated architecture (device code only: nvcc --cubin): every rows-per-pass value of the device
 // path with every cache storage type, as libkpa instantiates them.
 
@@ -7,7 +7,7 @@
 namespace {
 
 template <int H, class Cache, class T>
-using StreamingKernel = kpa::detail::PartitionKernel<Kokkos::Cuda, kpa::detail::StreamingPath<H, Cache>, T, T>;
+using DeviceKernel = kpa::detail::PartitionKernel<Kokkos::Cuda, kpa::detail::DevicePath<H, Cache>, T, T>;
 
 template <class Kernel>
 void launch(const Kernel& kernel) {
@@ -18,10 +18,10 @@ void launch(const Kernel& kernel) {
 // Taking a launch's address instantiates it, and with it the kernel.
 template <class Cache, class T>
 void instantiate_rows() {
-  (void)&launch<StreamingKernel<1, Cache, T>>;
-  (void)&launch<StreamingKernel<2, Cache, T>>;
-  (void)&launch<StreamingKernel<4, Cache, T>>;
-  (void)&launch<StreamingKernel<8, Cache, T>>;
+  (void)&launch<DeviceKernel<1, Cache, T>>;
+  (void)&launch<DeviceKernel<2, Cache, T>>;
+  (void)&launch<DeviceKernel<4, Cache, T>>;
+  (void)&launch<DeviceKernel<8, Cache, T>>;
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Machine-code gates of the streaming device kernel, read from compiled CUDA binaries (no GPU).
+"""Machine-code gates of the device kernel, read from compiled CUDA binaries (no GPU).
 
     scripts/device_gates.py --tools DIR [--markdown FILE] [--model PLANNER] sm_80=LIBKPA sm_90=OBJECT ...
 
-Reads every instantiation of the attention kernel on the streaming path (PartitionKernel with
-StreamingPath<H, Cache>) in each binary, with NVIDIA's cuobjdump (DIR holds cuobjdump; the test
-command installs it from the Python package index), and fails unless each one has:
+Reads every CUDA instantiation of the attention kernel (PartitionKernel<Kokkos::Cuda, DevicePath<H,
+Cache>, ...>) in each binary, with NVIDIA's cuobjdump (DIR holds cuobjdump; the test command
+installs it from the Python package index), and fails where a binary holds an attention kernel of
+another kind (every CUDA instantiation is gated) and unless each one has:
   - no stack frame, no local memory and no spill instruction (LDL / STL);
   - registers that let at least 8 warps share an SM (65,536 registers, allocated per warp in
     units of 256);
@@ -156,8 +157,9 @@ def analyse(name, code, usage, rows, cache, arch_number):
     return row
 
 
-KERNEL = re.compile(r"PartitionKernel<Kokkos::Cuda, kpa::detail::StreamingPath<(\d+), (?:kpa::)?(\w+)>, (?:kpa::)?(\w+), "
+KERNEL = re.compile(r"PartitionKernel<Kokkos::Cuda, kpa::detail::DevicePath<(\d+), (?:kpa::)?(\w+)>, (?:kpa::)?(\w+), "
                     r"(?:kpa::)?(\w+)>")
+ANY_KERNEL = re.compile(r"PartitionKernel<Kokkos::Cuda, (kpa::detail::\w+)<")
 
 
 def main():
@@ -180,6 +182,11 @@ def main():
         for mangled, code in functions.items():
             match = KERNEL.search(names[mangled])
             if not match:
+                other = ANY_KERNEL.search(names[mangled])
+                if other:
+                    print(f"{arch}: {path} holds an attention kernel on {other.group(1)}, which no gate reads",
+                          file=sys.stderr)
+                    ok = False
                 continue
             found += 1
             rows, cache, out, tmp = int(match.group(1)), match.group(2), match.group(3), match.group(4)
@@ -188,7 +195,7 @@ def main():
             table.append(row)
             ok = ok and not row["failures"]
         if found == 0:
-            print(f"{arch}: no streaming attention kernel in {path}", file=sys.stderr)
+            print(f"{arch}: no device-path attention kernel in {path}", file=sys.stderr)
             ok = False
     header = ("| arch | rows | cache | out | regs | warps/SM | stack+spills | async copies / waits in step loop "
               "| generic ld/st | barriers | HADD2.F32 | instr / 8 elements | gates |")
@@ -236,10 +243,10 @@ SUITE = [
 KOKKOS_TEAM_SHARED = 1024  # Kokkos' own shared memory per team (its reduce buffer) and the driver's
 
 
-def streaming_plan(planner, gpu, g, workload):
-    """The launch planner's streaming plan for a workload, asked of libkpa through PLANNER
+def device_plan(planner, gpu, g, workload):
+    """The launch planner's device-path plan for a workload, asked of libkpa through PLANNER
     (scripts/device_gate_plans.cu): (rows per pass, step tokens, warps, team scratch bytes), or
-    None where it does not stream."""
+    None where the planner picks another path."""
     _, seqs, tokens, heads, kv_heads, head, block, _, elem = workload
     out = run(planner, f"{gpu}:{g['sms']}:1:1", *(str(v) for v in (seqs, tokens, heads, kv_heads, head, block, elem)))
     path, rows, step, warps, scratch = out.split()
@@ -253,7 +260,7 @@ def model(table, planner):
         for workload in SUITE:
             name, seqs, tokens, heads, kv_heads, head, _, cache, elem = workload
             group = heads // kv_heads
-            plan = streaming_plan(planner, gpu, g, workload)
+            plan = device_plan(planner, gpu, g, workload)
             if plan is None:
                 continue
             rows, step, warps, scratch = plan

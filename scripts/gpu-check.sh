@@ -27,8 +27,7 @@
 #      CUDA, every output within the per-dtype tolerance; kpa-bench's default suite and the
 #      head-size x block-size x dtype grid);
 #   3. kpa-bench on the GPU: the default suite, 1 x 131072 and 64 x 2048 tokens (32/8 heads, head
-#      128, f16), against the bandwidth a Kokkos probe measures on the same device; the same runs
-#      on the chunked device path (KPA_DEVICE_PATH=chunked: an A/B on one card), and the
+#      128, f16), against the bandwidth a Kokkos probe measures on the same device, and the
 #      bytes-in-flight probe (kpa-bench --in-flight-probe: 1-8 loads per lane x 8-64 warps per SM);
 #   4. where python3 has torch with CUDA: the C ABI test (unit_tests/test_c_api.py) with device
 #      pointers, and the same shapes as 3. through PyTorch's scaled_dot_product_attention
@@ -175,12 +174,6 @@ run_checks() {
     --head-size 128 --dtype half --check --json "$out/bench_long_1x131072.json"
   step bench_64x2048 "${limit[@]}" "$bench" --batch-size 64 --seq-len 2048 --num-query-heads 32 --num-kv-heads 8 \
     --head-size 128 --dtype half --check --json "$out/bench_64x2048.json"
-  # A/B: the same three runs on the chunked device path, on the same card.
-  step bench_default_chunked "${limit[@]}" env KPA_DEVICE_PATH=chunked "$bench" --check --json "$out/bench_default_chunked.json"
-  step bench_long_1x131072_chunked "${limit[@]}" env KPA_DEVICE_PATH=chunked "$bench" --batch-size 1 --seq-len 131072 \
-    --num-query-heads 32 --num-kv-heads 8 --head-size 128 --dtype half --json "$out/bench_long_1x131072_chunked.json"
-  step bench_64x2048_chunked "${limit[@]}" env KPA_DEVICE_PATH=chunked "$bench" --batch-size 64 --seq-len 2048 \
-    --num-query-heads 32 --num-kv-heads 8 --head-size 128 --dtype half --json "$out/bench_64x2048_chunked.json"
   step in_flight_probe "${limit[@]}" "$bench" --in-flight-probe --json "$out/in_flight_probe.json"
   local shapes=(llama_32x4096:32:4096:32:8:128 long_context_1x100k:1:100000:24:4:256
                 single_tile_64x512:64:512:32:8:128 long_1x131072:1:131072:32:8:128 batch_64x2048:64:2048:32:8:128)
@@ -212,8 +205,7 @@ run_checks() {
     echo "== parity"; grep -E '^parity|PASSED|FAILED' "$out/parity.log"
     [ -f "$out/c_api.log" ] && { echo "== C ABI (device pointers)"; tail -n 3 "$out/c_api.log"; }
     for name in bench_default bench_long_1x131072 bench_64x2048; do
-      echo "== $name (streaming)"; sed -n '/^machine:/,$p' "$out/$name.log"
-      echo "== $name (chunked)"; sed -n '/^machine:/,$p' "$out/${name}_chunked.log"
+      echo "== $name"; sed -n '/^machine:/,$p' "$out/$name.log"
     done
     echo "== bytes in flight"; cat "$out/in_flight_probe.log"
     [ -f "$out/sdpa_anchor.log" ] && { echo "== torch SDPA"; cat "$out/sdpa_anchor.log"; }

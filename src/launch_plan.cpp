@@ -24,20 +24,20 @@ constexpr int kMinAutoPartitionTokens = 256;
 // would walk its whole table alone.
 constexpr int kHostMaxPartitionTokens = 4096;
 // Tokens per chunk: the host path keeps a chunk's logits in L1 (16 rows x 256 tokens: 16 KiB)
-// and reduces its p.V accumulators once per chunk; the device path amortises the chunk's team
-// reduction and barriers over more tokens.
+// and reduces its p.V accumulators once per chunk.
 constexpr int kHostChunkTokens = 256;
 // fp8 caches read by passes of one or two rows (MHA, groups of 2) take half that: their steps are
 // bound by the widening arithmetic and the reads alike, and the shorter chunk overlaps the two
 // better. With more rows, or 16-bit caches, the longer chunk is the faster.
 constexpr int kHostFewRowsFp8ChunkTokens = 128;
 constexpr int kHostFewRows = 2;
-constexpr int kDeviceChunkTokens = 256;
-// Device path: a warp of lanes per team member, and about one team thread per head dimension
-// (so p.V gives every thread one output row), between two and eight warps a team.
+// Device path: a warp of lanes per team member, up to four warps a team, each streaming its own
+// steps of at most 32 tokens (a lane each) whose keys and values take at most 8 KiB: two stages
+// per warp and two warps then fit a GPU team's shared memory beside the queries and outputs.
 constexpr int kDeviceVectorLength = 32;
-constexpr int kDeviceMinTeamThreads = 64;
-constexpr int kDeviceMaxTeamThreads = 256;
+constexpr int kDeviceMaxWarps = 4;
+constexpr int kDeviceMaxStepTokens = 32;
+constexpr std::size_t kDeviceMaxStepBytes = 8 * 1024;
 
 long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 long long round_up(long long a, long long b) { return ceil_div(a, b) * b; }
@@ -219,18 +219,15 @@ void plan_kernel_path(const DeviceProfile& profile, const PlanOptions& options, 
   const BackEndLimits& limits = profile.limits;
   bool device_path = false;
   switch (options.kernel_path) {
-    case PlanOptions::Path::Device:
-    case PlanOptions::Path::DeviceChunked: device_path = true; break;
+    case PlanOptions::Path::Device: device_path = true; break;
     case PlanOptions::Path::Host: device_path = false; break;
     case PlanOptions::Path::Auto: device_path = limits.device_path && (profile.is_gpu || !limits.host_path); break;
   }
   if (device_path ? !limits.device_path : !limits.host_path) {
     throw UnsupportedError(std::string("kpa::plan_launch: the ") + (device_path ? "device" : "host") +
-                           " kernel path is not compiled for this back end" +
-                           (device_path ? " (host back ends run it where KPA_ENABLE_DEVICE_PATH_ON_HOST is defined)" : ""));
+                           " kernel path is not compiled for this back end");
   }
-  const bool chunked = options.kernel_path == PlanOptions::Path::DeviceChunked || profile.chunked_device_path;
-  plan.kernel_path = !device_path ? KernelPath::Host : chunked ? KernelPath::DeviceChunked : KernelPath::Device;
+  plan.kernel_path = device_path ? KernelPath::Device : KernelPath::Host;
   plan.host_isa = options.host_isa.value_or(profile.host_isa);
   if (!device_path && plan.host_isa > limits.best_host_isa) {
     throw UnsupportedError("kpa::plan_launch: host instruction set " + std::string(to_string(plan.host_isa)) +
@@ -244,27 +241,22 @@ void plan_team_shape(const DeviceProfile& profile, const ProblemShape& shape, co
   const BackEndLimits& limits = profile.limits;
   // A tile's rows: its sequence's query tokens x the group's query heads.
   const int tile_rows = shape.num_heads / shape.num_kv_heads * std::max(shape.max_query_len, 1);
-  int chunk = kDeviceChunkTokens;
-  if (plan.kernel_path != KernelPath::Host) {
+  if (plan.kernel_path == KernelPath::Device) {
     plan.vector_length = options.vector_length > 0 ? options.vector_length
                                                    : std::min(kDeviceVectorLength, limits.max_vector_length);
-    const int threads = static_cast<int>(
-        std::clamp<long long>(round_up(shape.head_size, 32), kDeviceMinTeamThreads, kDeviceMaxTeamThreads));
-    plan.team_size = options.team_size > 0
-                         ? options.team_size
-                         : std::max(1, std::min({threads / plan.vector_length, limits.max_team_size,
-                                                 limits.max_team_threads / plan.vector_length}));
+    // The warps per team, steps and scratch are plan_device_steps'.
+    plan.team_size = options.team_size > 0 ? options.team_size : 1;
     plan.rows_per_pass = rows_per_pass_for(tile_rows, values_of(DeviceRowsPerPass{}));
   } else {
     // One thread per team by default: decode attention streams the cache, and a core reads it fastest alone.
     plan.vector_length = options.vector_length > 0 ? options.vector_length : 1;
     plan.team_size = options.team_size > 0 ? options.team_size : 1;
     plan.rows_per_pass = rows_per_pass_for(tile_rows, values_of(HostRowsPerPass{}));
-    chunk = shape.cache_element_size == 1 && plan.rows_per_pass <= kHostFewRows ? kHostFewRowsFp8ChunkTokens
-                                                                                 : kHostChunkTokens;
+    const int chunk = shape.cache_element_size == 1 && plan.rows_per_pass <= kHostFewRows ? kHostFewRowsFp8ChunkTokens
+                                                                                           : kHostChunkTokens;
+    plan.chunk_tokens = static_cast<int>(
+        std::max<long long>(shape.block_size, (chunk / shape.block_size) * static_cast<long long>(shape.block_size)));
   }
-  plan.chunk_tokens = static_cast<int>(
-      std::max<long long>(shape.block_size, (chunk / shape.block_size) * static_cast<long long>(shape.block_size)));
   if (!is_power_of_two(plan.vector_length) || plan.vector_length > limits.max_vector_length) {
     plan_error("vector_length " + std::to_string(plan.vector_length) + " is not a power of two up to " +
                std::to_string(limits.max_vector_length));
@@ -278,9 +270,9 @@ void plan_team_shape(const DeviceProfile& profile, const ProblemShape& shape, co
   }
 }
 
-/// The streaming device path's team scratch for steps of `tokens` tokens and `warps` team
-/// members (TileScratchLayout); 16-byte alignment of the ring is the kernel's carve's.
-TileScratchLayout streaming_layout(const ProblemShape& shape, int rows, int tokens, int warps) {
+/// The device path's team scratch for steps of `tokens` tokens and `warps` team members
+/// (TileScratchLayout); 16-byte alignment of the ring is the kernel's carve's.
+TileScratchLayout device_layout(const ProblemShape& shape, int rows, int tokens, int warps) {
   const std::size_t H = static_cast<std::size_t>(rows), D = static_cast<std::size_t>(shape.head_size);
   const std::size_t W = static_cast<std::size_t>(warps), T = static_cast<std::size_t>(tokens);
   const std::size_t e = static_cast<std::size_t>(shape.cache_element_size);
@@ -298,44 +290,66 @@ TileScratchLayout streaming_layout(const ProblemShape& shape, int rows, int toke
   return layout;
 }
 
-/// The streaming device path's step (chunk_tokens), warps (team_size) and scratch, all in fast
-/// scratch; false where it cannot stream (then the chunked path runs). A step holds the most
-/// tokens, up to a warp's 32 lanes, whose keys and values take at most 8 KiB: two stages per
-/// warp and two warps then fit a GPU team's shared memory beside the queries and outputs. Its
-/// tokens are a power of two that divides the block size: a step reads one page-table entry and
-/// indexes its pieces with shifts.
-bool plan_streaming(const DeviceProfile& profile, const ProblemShape& shape, const PlanOptions& options,
-                    LaunchPlan& plan) {
-  constexpr std::size_t kMaxStepBytes = 8 * 1024;
-  constexpr int kMaxWarps = 4;
+/// The device path's step (chunk_tokens), warps (team_size), rows per pass and scratch, in fast
+/// scratch. A step's tokens are a power of two that divides the block size (a step reads one
+/// page-table entry and indexes its pieces with shifts), the most that keep its keys and values
+/// within kDeviceMaxStepBytes, then the most warps that fit. Where no step fits with the rows
+/// per pass the tile's rows ask for, a GPU takes fewer rows per pass (more passes over K/V); a
+/// host back end, whose team scratch is all memory alike, puts the scratch in level 1.
+void plan_device_steps(const DeviceProfile& profile, const ProblemShape& shape, const PlanOptions& options,
+                       LaunchPlan& plan) {
   const BackEndLimits& limits = profile.limits;
   const int e = shape.cache_element_size;
-  if (shape.head_size % (16 / e) != 0) return false;  // keys are stored in 16-byte vectors
+  if (shape.head_size % (16 / e) != 0) {
+    plan_error("head_size " + std::to_string(shape.head_size) + " is not a multiple of " + std::to_string(16 / e) +
+               " (the device path reads keys in 16-byte vectors)");
+  }
   // A warp's lanes sync with the warp's mask: device back ends need whole warps.
-  if (!limits.host_path && plan.vector_length != kDeviceVectorLength) return false;
-  const int max_warps = std::min({kMaxWarps, limits.max_team_size, limits.max_team_threads / plan.vector_length});
-  for (int tokens = 32; tokens >= 1; tokens /= 2) {
-    if (shape.block_size % tokens != 0) continue;
+  if (!limits.host_path && plan.vector_length != kDeviceVectorLength) {
+    plan_error("vector_length " + std::to_string(plan.vector_length) + ": the device path runs whole warps (" +
+               std::to_string(kDeviceVectorLength) + " lanes) on this back end");
+  }
+  const int max_warps = std::min({kDeviceMaxWarps, limits.max_team_size, limits.max_team_threads / plan.vector_length});
+  const auto step_fits = [&](int tokens) {
     const std::size_t step_bytes = static_cast<std::size_t>(tokens) * shape.head_size * e * 2;
-    if (step_bytes > kMaxStepBytes && tokens > 1) continue;
-    for (int warps = options.team_size > 0 ? options.team_size : max_warps; warps >= 1; --warps) {
-      const TileScratchLayout layout = streaming_layout(shape, plan.rows_per_pass, tokens, warps);
-      if (layout.bytes() <= limits.max_scratch_level0_bytes) {
-        plan.chunk_tokens = tokens;
-        plan.team_size = warps;
-        plan.scratch_layout = layout;
-        plan.scratch_bytes = layout.bytes();
-        plan.scratch_level = 0;
-        return true;
+    return shape.block_size % tokens == 0 && (step_bytes <= kDeviceMaxStepBytes || tokens == 1);
+  };
+  const int fewest_rows = limits.host_path ? plan.rows_per_pass : 1;
+  for (int rows = plan.rows_per_pass; rows >= fewest_rows; rows /= 2) {  // DeviceRowsPerPass: powers of two
+    for (int tokens = kDeviceMaxStepTokens; tokens >= 1; tokens /= 2) {
+      if (!step_fits(tokens)) continue;
+      for (int warps = options.team_size > 0 ? options.team_size : max_warps; warps >= 1; --warps) {
+        const TileScratchLayout layout = device_layout(shape, rows, tokens, warps);
+        if (layout.bytes() <= limits.max_scratch_level0_bytes) {
+          plan.rows_per_pass = rows;
+          plan.chunk_tokens = tokens;
+          plan.team_size = warps;
+          plan.scratch_layout = layout;
+          plan.scratch_bytes = layout.bytes();
+          plan.scratch_level = 0;
+          return;
+        }
+        if (options.team_size > 0) break;
       }
-      if (options.team_size > 0) break;
     }
   }
-  return false;
+  if (limits.host_path) {
+    int tokens = kDeviceMaxStepTokens;
+    while (!step_fits(tokens)) tokens /= 2;
+    plan.chunk_tokens = tokens;
+    plan.team_size = options.team_size > 0 ? options.team_size : max_warps;
+    plan.scratch_layout = device_layout(shape, plan.rows_per_pass, tokens, plan.team_size);
+    plan.scratch_bytes = plan.scratch_layout.bytes();
+    plan.scratch_level = 1;
+    return;
+  }
+  plan_error("the device path needs " + std::to_string(device_layout(shape, 1, 1, std::max(options.team_size, 1)).bytes()) +
+             " bytes of fast team scratch for a step of one row at head size " + std::to_string(shape.head_size) +
+             "; this back end has " + std::to_string(limits.max_scratch_level0_bytes));
 }
 
-/// The team scratch of a tile pass (the kernels carve it as laid out here).
-void plan_scratch(const DeviceProfile& profile, const ProblemShape& shape, LaunchPlan& plan) {
+/// The host path's team scratch of a tile pass (the kernel carves it as laid out here).
+void plan_host_scratch(const DeviceProfile& profile, const ProblemShape& shape, LaunchPlan& plan) {
   TileScratchLayout& layout = plan.scratch_layout;
   const std::size_t rows = static_cast<std::size_t>(plan.rows_per_pass);
   layout.q = 0;
@@ -378,10 +392,11 @@ LaunchPlan plan_launch(const DeviceProfile& profile, const ProblemShape& shape, 
   plan.profile = profile.name;
   plan_kernel_path(profile, options, plan);
   plan_team_shape(profile, shape, options, plan);
-  if (plan.kernel_path == KernelPath::Device && !plan_streaming(profile, shape, options, plan)) {
-    plan.kernel_path = KernelPath::DeviceChunked;
+  if (plan.kernel_path == KernelPath::Device) {
+    plan_device_steps(profile, shape, options, plan);
+  } else {
+    plan_host_scratch(profile, shape, plan);
   }
-  if (plan.kernel_path != KernelPath::Device) plan_scratch(profile, shape, plan);
   if (profile.occupancy_from_kernel && occupancy) {
     // The team shape does not depend on occupancy; the league does.
     if (const int resident = occupancy(plan); resident > 0 && resident != profile.sm_occupancy) {
@@ -399,7 +414,6 @@ std::string_view to_string(KernelPath path) {
   switch (path) {
     case KernelPath::Host: return "host";
     case KernelPath::Device: return "device";
-    case KernelPath::DeviceChunked: return "device-chunked";
   }
   return "unknown";
 }

@@ -81,8 +81,8 @@ void run_version(Version version, DeviceProblem<T, Space, C>& d, int partition_s
 /// whose best host instruction set is not the portable one, the host path's portable loops too
 /// (and the AVX2 ones where the best is AVX-512, and the AVX-512 ones without VBMI where the
 /// best has it);
-/// and on host back ends built with KPA_ENABLE_DEVICE_PATH_ON_HOST the device kernel path with
-/// several team members (OpenMP) and vector lanes, so the GPU-shaped code runs on every machine.
+/// and on host back ends the device kernel path (libkpa's) with several team members (OpenMP)
+/// and vector lanes, so the GPU-shaped code runs on every machine.
 /// `base` carries a test's own overrides.
 template <class Space>
 std::vector<kpa::PlanOptions> kernel_paths(const kpa::PlanOptions& base) {
@@ -99,14 +99,11 @@ std::vector<kpa::PlanOptions> kernel_paths(const kpa::PlanOptions& base) {
     }
   }
   if (limits.device_path) {
-    for (auto path : {kpa::PlanOptions::Path::Device, kpa::PlanOptions::Path::DeviceChunked}) {
-      if (base.kernel_path == kpa::PlanOptions::Path::Device && path != base.kernel_path) continue;
-      kpa::PlanOptions device = base;
-      device.kernel_path = path;
-      if (device.team_size == 0) device.team_size = std::min<int>(2, static_cast<int>(Space().concurrency()));
-      if (device.vector_length == 0) device.vector_length = 4;
-      paths.push_back(device);
-    }
+    kpa::PlanOptions device = base;
+    device.kernel_path = kpa::PlanOptions::Path::Device;
+    if (device.team_size == 0) device.team_size = std::min<int>(2, static_cast<int>(Space().concurrency()));
+    if (device.vector_length == 0) device.vector_length = 4;
+    paths.push_back(device);
   }
   return paths;
 }
@@ -117,9 +114,7 @@ inline std::string path_name(const kpa::PlanOptions& options) {
       return std::string("host path (") + (options.host_isa ? std::string(kpa::to_string(*options.host_isa)) : "default") +
              " loops)";
     case kpa::PlanOptions::Path::Device:
-    case kpa::PlanOptions::Path::DeviceChunked:
-      return std::string(options.kernel_path == kpa::PlanOptions::Path::Device ? "streaming" : "chunked") +
-             " device path (team " + std::to_string(options.team_size) + " x vector " +
+      return "device path (team " + std::to_string(options.team_size) + " x vector " +
              std::to_string(options.vector_length) + ")";
     default: return "default path";
   }
@@ -129,8 +124,8 @@ template <class T, class Space, class C>
 void check_versions(DeviceProblem<T, Space, C>& d, const HostProblem& p, int partition_size,
                     const kpa::PlanOptions& options = {}, bool auto_partition = true);
 
-/// Automatic-entry-point runs checked so far whose plan streamed (KernelPath::Device).
-inline int& streaming_runs() {
+/// Automatic-entry-point runs checked so far whose plan took the device path.
+inline int& device_path_runs() {
   static int runs = 0;
   return runs;
 }
@@ -164,7 +159,7 @@ void check_versions(DeviceProblem<T, Space, C>& d, const HostProblem& p, int par
       expect_close_to_reference<T>(d.out, ref.out, what);
       if (version == Version::Auto) {
         expect_close_to_reference<float>(d.lse, ref.lse, what + ", lse");
-        if (workspace.last_plan().kernel_path == kpa::KernelPath::Device) ++streaming_runs();
+        if (workspace.last_plan().kernel_path == kpa::KernelPath::Device) ++device_path_runs();
       }
     }
   }

@@ -139,16 +139,13 @@ TEST(LaunchPlan, HostChunksOfFp8CachesWithFewRowsAreShorter) {
     s.cache_element_size = bytes;
     EXPECT_EQ(kpa::plan_launch(host, s).chunk_tokens, expected) << heads << "/" << kv_heads << " x " << query_len
                                                                << ", " << bytes << " byte(s)";
-    kpa::PlanOptions chunked;
-    chunked.kernel_path = kpa::PlanOptions::Path::DeviceChunked;
-    EXPECT_EQ(kpa::plan_launch(gpu, s, chunked).chunk_tokens, 256) << heads << "/" << kv_heads << " x " << query_len;
   }
   kpa::ProblemShape big_blocks = shape(4, 32, 32, 4096, 256);
   big_blocks.cache_element_size = 1;
   EXPECT_EQ(kpa::plan_launch(host, big_blocks).chunk_tokens, 256);
 }
 
-// GPU profiles run the streaming device path: a warp per team member, steps of at most 32
+// GPU profiles run the device path: a warp per team member, steps of at most 32
 // tokens whose keys and values take at most 8 KiB, a power of two dividing the block size, and as
 // many warps (up to 4) as fit fast scratch with two stages each.
 TEST(LaunchPlan, GpuProfilesStreamInStepsThatFitFastScratch) {
@@ -190,46 +187,35 @@ TEST(LaunchPlan, GpuProfilesStreamInStepsThatFitFastScratch) {
   fp8.cache_element_size = 1;
   EXPECT_EQ(kpa::plan_launch(profile, fp8).chunk_tokens, 16);
   EXPECT_EQ(kpa::plan_launch(profile, fp8).team_size, 3);
-  // KPA_DEVICE_PATH=chunked (the profile's flag) and the option run the chunked path.
-  auto chunked_profile = profile;
-  chunked_profile.chunked_device_path = true;
-  EXPECT_EQ(kpa::plan_launch(chunked_profile, shape(32, 32, 8, 4096)).kernel_path, kpa::KernelPath::DeviceChunked);
-  kpa::PlanOptions chunked;
-  chunked.kernel_path = kpa::PlanOptions::Path::DeviceChunked;
-  const auto plan = kpa::plan_launch(profile, shape(32, 32, 8, 4096), chunked);
-  EXPECT_EQ(plan.kernel_path, kpa::KernelPath::DeviceChunked);
-  EXPECT_EQ(plan.chunk_tokens, 256);
-  EXPECT_EQ(plan.team_size * plan.vector_length, 128);
-  EXPECT_EQ(kpa::to_string(plan.kernel_path), "device-chunked");
 }
 
-// The chunked device path: a warp of lanes per team member and about one team thread per head
-// dimension (two to eight warps), chunks of 256 tokens.
-TEST(LaunchPlan, TheChunkedDevicePathHasAThreadPerDimension) {
-  const auto profile = kpa::DeviceProfile::bi_v100();
-  kpa::PlanOptions chunked;
-  chunked.kernel_path = kpa::PlanOptions::Path::DeviceChunked;
-  for (auto [head_size, threads] : {std::pair{32, 64}, {64, 64}, {80, 96}, {128, 128}, {192, 192}, {256, 256}}) {
-    const auto plan = kpa::plan_launch(profile, shape(32, 32, 8, 4096, 16, head_size), chunked);
-    EXPECT_EQ(plan.kernel_path, kpa::KernelPath::DeviceChunked) << head_size;
-    EXPECT_EQ(plan.vector_length, 32) << head_size;
-    EXPECT_EQ(plan.team_size * plan.vector_length, threads) << head_size;
-    EXPECT_EQ(plan.chunk_tokens, 256) << head_size;
-    EXPECT_EQ(plan.scratch_level, 0) << head_size;
-  }
-  EXPECT_EQ(kpa::plan_launch(profile, shape(1, 8, 8, 100, 512), chunked).chunk_tokens, 512);  // one block a chunk
-}
-
-// Where no step fits fast scratch, or a device back end's team member is no whole warp, the
-// device path runs chunked.
-TEST(LaunchPlan, TheDevicePathRunsChunkedWhereItCannotStream) {
+// Where no step fits fast scratch with the rows per pass the tile asks for, the device path takes
+// fewer rows per pass (more passes over K/V); a back end without room for a step of one row, or a
+// device back end asked for less than a warp of lanes, cannot run it and says so.
+TEST(LaunchPlan, TheDevicePathTakesFewerRowsWhereNoStepFits) {
   auto profile = kpa::DeviceProfile::bi_v100();
+  const kpa::ProblemShape group_of_8 = shape(4, 32, 4, 1000, 16, 256);  // 8 rows of 256 dims a tile
+  EXPECT_EQ(kpa::plan_launch(profile, group_of_8).rows_per_pass, 8);
+  // A step of one or a few tokens takes two stages of 256 x 2 bytes of keys and 256 x 16 bytes of
+  // value pieces (9 KiB), besides q and o (1 KiB per row each): 24 KiB hold 4 rows, 16 KiB 2, 12 KiB 1.
+  for (auto [scratch, rows] : {std::pair{24u * 1024, 4}, {16u * 1024, 2}, {12u * 1024, 1}}) {
+    profile.limits.max_scratch_level0_bytes = scratch;
+    const auto plan = kpa::plan_launch(profile, group_of_8);
+    EXPECT_EQ(plan.kernel_path, kpa::KernelPath::Device) << scratch;
+    EXPECT_EQ(plan.rows_per_pass, rows) << scratch;
+    EXPECT_LE(plan.scratch_bytes, scratch) << scratch;
+  }
   profile.limits.max_scratch_level0_bytes = 4 * 1024;
-  EXPECT_EQ(kpa::plan_launch(profile, shape(4, 32, 4, 1000, 16, 256)).kernel_path, kpa::KernelPath::DeviceChunked);
+  try {
+    kpa::plan_launch(profile, group_of_8);
+    ADD_FAILURE() << "a device path without room for one row's step was planned";
+  } catch (const kpa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fast team scratch"), std::string::npos) << e.what();
+  }
   profile = kpa::DeviceProfile::bi_v100();
   kpa::PlanOptions half_warps;
   half_warps.vector_length = 16;
-  EXPECT_EQ(kpa::plan_launch(profile, shape(4, 32, 4, 1000), half_warps).kernel_path, kpa::KernelPath::DeviceChunked);
+  EXPECT_THROW(kpa::plan_launch(profile, shape(4, 32, 4, 1000), half_warps), kpa::Error);
   profile.limits.host_path = true;  // a host back end: lanes loop, any vector length streams
   EXPECT_EQ(kpa::plan_launch(profile, shape(4, 32, 4, 1000), half_warps).kernel_path, kpa::KernelPath::Device);
 }
@@ -335,25 +321,27 @@ TEST(LaunchPlan, GpuPartitionsFillWholeWaves) {
   }
 }
 
-TEST(LaunchPlan, ScratchBeyondLevelZeroGoesToLevelOne) {
-  auto profile = kpa::DeviceProfile::bi_v100();
-  kpa::PlanOptions chunked;
-  chunked.kernel_path = kpa::PlanOptions::Path::DeviceChunked;
-  const auto fits = kpa::plan_launch(profile, shape(4, 32, 4, 1000, 16, 256), chunked);
+// The host path's scratch goes to level 1 where level 0 cannot hold it.
+TEST(LaunchPlan, HostScratchBeyondLevelZeroGoesToLevelOne) {
+  auto profile = kpa::DeviceProfile::host(2);
+  const auto fits = kpa::plan_launch(profile, shape(4, 32, 4, 1000, 16, 256));
+  ASSERT_EQ(fits.kernel_path, kpa::KernelPath::Host);
   EXPECT_EQ(fits.scratch_level, 0);
-  // q and o for 8 heads of 256 floats, 8 x 256 probabilities, block states and ids: 40 KiB is enough.
+  // q and o for 8 heads of 256 floats, 8 x 256 probabilities, block states and ids.
   EXPECT_GT(fits.scratch_bytes, 8u * 256 * 4 * 3);
   profile.limits.max_scratch_level0_bytes = fits.scratch_bytes - 1;
-  EXPECT_EQ(kpa::plan_launch(profile, shape(4, 32, 4, 1000, 16, 256), chunked).scratch_level, 1);
+  EXPECT_EQ(kpa::plan_launch(profile, shape(4, 32, 4, 1000, 16, 256)).scratch_level, 1);
 }
 
 TEST(LaunchPlan, OverridesAndBadShapes) {
   const auto profile = kpa::DeviceProfile::bi_v100();
   kpa::PlanOptions options;
   options.team_size = 3;
-  options.vector_length = 4;
+  options.vector_length = 4;  // less than a warp: the device path on a host back end, whose lanes loop
   options.league_size = 7;
-  const auto plan = kpa::plan_launch(profile, shape(16, 16, 16, 1000), options);
+  auto host_lanes = profile;
+  host_lanes.limits.host_path = true;
+  const auto plan = kpa::plan_launch(host_lanes, shape(16, 16, 16, 1000), options);
   EXPECT_EQ(plan.team_size, 3);
   EXPECT_EQ(plan.vector_length, 4);
   EXPECT_EQ(plan.league_size, 7);
@@ -448,22 +436,6 @@ TYPED_TEST(LaunchPlanOnSpace, DetectsTheBackEndAndHonoursTheEnvironment) {
   EXPECT_EQ(forced.limits.max_team_size, limits.max_team_size);
   EXPECT_LE(plan.team_size, limits.max_team_size);
 
-  // KPA_DEVICE_PATH picks the device path's kind; anything else is refused by name.
-  ::setenv("KPA_DEVICE_PATH", "chunked", 1);
-  EXPECT_TRUE(kpa::DeviceProfile::detect(space).chunked_device_path);
-  if (!Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
-    EXPECT_EQ(kpa::plan_launch(space, shape(1, 24, 4, 100000)).kernel_path, kpa::KernelPath::DeviceChunked);
-  }
-  ::setenv("KPA_DEVICE_PATH", "streaming", 1);
-  EXPECT_FALSE(kpa::DeviceProfile::detect(space).chunked_device_path);
-  ::setenv("KPA_DEVICE_PATH", "fastest", 1);
-  try {
-    kpa::DeviceProfile::detect(space);
-    ADD_FAILURE() << "KPA_DEVICE_PATH=fastest was accepted";
-  } catch (const kpa::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("KPA_DEVICE_PATH"), std::string::npos) << e.what();
-  }
-  ::unsetenv("KPA_DEVICE_PATH");
 }
 
 template <int... Rows>

@@ -10,8 +10,12 @@
 #include "attention_runner.hpp"
 #include "test_spaces.hpp"
 
+#include <kpa/detail/attention_variant.hpp>
+#include <kpa/detail/host_loops.hpp>
+
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace {
 
@@ -258,6 +262,98 @@ TYPED_TEST(Variants, MergeOfEmptySides) {
   Space().fence();
   expect_close_to_reference<float>(out, expected_out, "merge of empty sides");
   expect_close_to_reference<float>(out_lse, expected_lse, "merge of empty sides, lse");
+}
+
+// ---- the rules' two forms ----
+
+// Each rule of AttentionVariant in both its forms, key by key: the scalar one the device path and
+// the reduce take (in_window, attends_block, logit) and the row-wise one the host path takes
+// (apply_to_row, with the row loops of every instruction set this CPU runs). A new rule is a new
+// row of this table.
+TEST(VariantRules, RowFormEqualsScalarForm) {
+  using kpa::detail::AttentionVariant;
+  const float slopes[] = {0.0f, -0.125f, 0.5f, 0.03125f};  // ALiBi, per query head
+  AttentionVariant none, cap, alibi, window, causal, sparse, all;
+  cap.logits_soft_cap = 5.0f;
+  alibi.alibi_slopes = {slopes, 1};
+  window.sliding_window = 37;
+  window.masks_rows = true;
+  causal.masks_rows = true;  // several query tokens: each row ends at its own position
+  sparse.sparse = {3, 2, 32, 1, 1, 4, 2, 2};  // vert stride, local blocks, sparse block, step, rank, heads
+  all = sparse;
+  all.logits_soft_cap = 30.0f;
+  all.alibi_slopes = {slopes, 1};
+  all.sliding_window = 100;
+  all.masks_rows = true;
+  const struct {
+    const char* name;
+    AttentionVariant variant;
+  } rules[] = {{"none", none},     {"soft cap", cap},       {"ALiBi", alibi},      {"sliding window", window},
+               {"causal rows", causal}, {"block-sparse", sparse}, {"all together", all}};
+  constexpr int B = 16;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::vector<kpa::HostIsa> isas{kpa::HostIsa::Portable};
+  if (kpa::detail::best_host_isa() != kpa::HostIsa::Portable) isas.push_back(kpa::detail::best_host_isa());
+  for (const auto& rule : rules) {
+    const AttentionVariant& v = rule.variant;
+    for (int head = 0; head < 4; ++head) {
+      for (int position : {0, 5, 40, 150, 333}) {
+        const auto row = v.row(head, position);
+        // Rows of a pass share its keys unless the variant masks rows: then they may reach past a
+        // row's own position (other rows' later keys), which the row form must mask too.
+        for (int first : {0, 32, 128, 320}) {
+          const int end = v.masks_rows ? first + 70 : position + 1;
+          if (first >= end) continue;
+          const int n = end - first;
+          std::vector<float> qk(n);
+          for (int i = 0; i < n; ++i) qk[i] = 20.0f * std::sin(0.37f * static_cast<float>(first + i) + head);
+          for (kpa::HostIsa isa : isas) {
+            std::vector<float> got = qk;
+            v.apply_to_row(kpa::detail::host_row_loops(isa), got.data(), n, first, B, row);
+            for (int i = 0; i < n; ++i) {
+              const int key = first + i;
+              const std::string what = std::string(rule.name) + " (" + std::string(kpa::to_string(isa)) +
+                                       "): head " + std::to_string(head) + ", position " +
+                                       std::to_string(position) + ", key " + std::to_string(key);
+              if (v.in_window(row, key) && v.attends_block(row, key)) {
+                const float want = v.logit(qk[i], row, key);
+                // The row form's tanh is within 4e-7 x cap of the scalar one (HostLoops' test);
+                // then both add the ALiBi bias, which may cancel most of the capped logit.
+                const float bias = AttentionVariant::alibi_bias(row.alibi_slope, static_cast<float>(key - position));
+                const float tolerance = 4e-7f * v.logits_soft_cap + 1e-6f * (1.0f + std::fabs(want) + std::fabs(bias));
+                EXPECT_NEAR(got[i], want, tolerance) << what;
+              } else {
+                EXPECT_EQ(got[i], -kInf) << what;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The sink joins a row's denominator only: the same state merged with the sink's one-token state,
+// its own output weighted by what the merge leaves it; without sinks nothing changes.
+TEST(VariantRules, TheSinkJoinsTheDenominator) {
+  using kpa::detail::AttentionVariant;
+  using kpa::detail::SoftmaxState;
+  const float sinks[] = {1.5f, -3.0f};
+  AttentionVariant with_sinks;
+  with_sinks.sinks = {sinks, 1};
+  for (int head = 0; head < 2; ++head) {
+    SoftmaxState state{2.0f, 3.0f};
+    const float weight = with_sinks.join_sink(state, head);
+    const double total = 3.0 * std::exp(2.0 - std::max(2.0, double(sinks[head]))) +
+                         std::exp(double(sinks[head]) - std::max(2.0, double(sinks[head])));
+    EXPECT_NEAR(state.exp_sum, total, 1e-6 * total) << head;
+    EXPECT_EQ(state.max_logit, std::max(2.0f, sinks[head])) << head;
+    EXPECT_NEAR(weight, std::exp(2.0 - std::max(2.0, double(sinks[head]))), 1e-7) << head;
+  }
+  SoftmaxState state{2.0f, 3.0f};
+  EXPECT_EQ(AttentionVariant{}.join_sink(state, 0), 1.0f);
+  EXPECT_EQ(state.max_logit, 2.0f);
+  EXPECT_EQ(state.exp_sum, 3.0f);
 }
 
 // ---- argument errors ----

@@ -6,6 +6,7 @@
 // subscription factor) and every team takes an even, contiguous share of the tiles, a tile
 // being one (sequence, kv head, partition).
 
+#include <kpa/detail/attention_variant.hpp>
 #include <kpa/detail/kokkos_compat.hpp>
 #include <kpa/error.hpp>
 #include <kpa/host_isa.hpp>
@@ -18,9 +19,26 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace kpa {
+
+namespace detail {
+/// Host back ends whose device-path kernels libkpa holds (src/device_path_on_host.cpp).
+template <class Space>
+inline constexpr bool device_path_in_libkpa =
+#ifdef KOKKOS_ENABLE_SERIAL
+    std::is_same_v<Space, Kokkos::Serial> ||
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+    std::is_same_v<Space, Kokkos::OpenMP> ||
+#endif
+#ifdef KOKKOS_ENABLE_THREADS
+    std::is_same_v<Space, Kokkos::Threads> ||
+#endif
+    false;
+}  // namespace detail
 
 /// What an execution space can run; the planner never asks for more.
 struct BackEndLimits {
@@ -32,8 +50,8 @@ struct BackEndLimits {
   /// The best instruction set of the host path's inner loops this process runs; every lesser
   /// one runs too.
   HostIsa best_host_isa = HostIsa::Portable;
-  bool device_path = true;  ///< the back end runs KernelPath::Device (device back ends; host back
-                            ///< ends where KPA_ENABLE_DEVICE_PATH_ON_HOST is defined)
+  bool device_path = true;  ///< the back end runs KernelPath::Device (device back ends; the host
+                            ///< back ends libkpa compiles it for: Serial, OpenMP, Threads)
 
   /// The limits of `space`'s back end (host back ends: one team member per thread).
   template <class Space>
@@ -54,9 +72,6 @@ struct DeviceProfile {
   /// Instruction set of the host path's inner loops: detect() takes limits.best_host_isa, or
   /// the environment variable KPA_HOST_ISA ("portable", "avx2", "avx512") when set.
   HostIsa host_isa = HostIsa::Portable;
-  /// The device path runs chunked (KernelPath::DeviceChunked) where it would stream: detect()
-  /// sets it from the environment variable KPA_DEVICE_PATH ("chunked"; "streaming" is the default).
-  bool chunked_device_path = false;
 
   int resident_teams() const { return sm_count * sm_occupancy; }
   int max_blocks() const { return resident_teams() * subscription_factor; }
@@ -100,40 +115,40 @@ struct ProblemShape {
 
   int query_rows() const { return num_tokens > 0 ? num_tokens : num_seqs; }
 
-  /// Tokens of the longest attended span: max_seq_len, or with a sliding window at most the
-  /// window plus the other query tokens, from the block boundary where the span starts.
-  /// Partitions count from the start of each sequence's span.
+  /// Tokens of the longest attended span over sequences of up to max_seq_len tokens: from where
+  /// the kernels start reading a sequence (AttentionVariant::span_begin: with a sliding window,
+  /// the block of its first query row's first key) to its end. Partitions count from there.
   long long attended_span() const {
-    const long long all = max_seq_len;
-    if (sliding_window <= 0) return all;
-    const long long window = static_cast<long long>(sliding_window) + std::max(max_query_len, 1) - 1 + block_size - 1;
-    return std::min(all, window);
+    long long longest = 0;
+    // A span's length repeats with the block size as sequences grow: the last block_size
+    // lengths take every value it has.
+    for (long long len = std::max<long long>(0, max_seq_len - std::max(block_size, 1) + 1); len <= max_seq_len; ++len) {
+      const int begin = detail::AttentionVariant::span_begin(static_cast<int>(len), max_query_len, block_size,
+                                                             sliding_window);
+      longest = std::max(longest, len - begin);
+    }
+    return longest;
   }
 };
 
 /// How a team computes a tile. The names say the shape of the code, not where it may run: the
-/// host path runs on host back ends only, the device path on every back end (host back ends
-/// compile it where KPA_ENABLE_DEVICE_PATH_ON_HOST is defined).
+/// host path runs on host back ends only, the device path on every back end (on host back ends
+/// from libkpa, which compiles it for them once).
 enum class KernelPath {
   /// CPU-shaped: team members take whole cache blocks and run register-blocked inner loops over
   /// a block's slots (the instruction set's loops from libkpa).
   Host,
-  /// GPU-shaped, streaming: every team member (a warp) walks its own steps of a tile's tokens,
-  /// copying each step's keys and values into a two-stage ring in team scratch (asynchronous
-  /// copies where the device has them) while it computes the previous step from scratch; the
-  /// warps' softmax states merge once per pass.
+  /// GPU-shaped: every team member (a warp) streams its own steps of a tile's tokens, copying
+  /// each step's keys and values into a two-stage ring in team scratch (asynchronous copies where
+  /// the device has them) while it computes the previous step from scratch; the warps' softmax
+  /// states merge once per pass.
   Device,
-  /// GPU-shaped, chunked: the whole team takes a chunk of tokens at a time, loading keys and
-  /// values straight from the cache, with a team reduction and barriers per chunk. It serves
-  /// head sizes whose streaming steps do not fit fast scratch, and A/B comparisons
-  /// (KPA_DEVICE_PATH=chunked).
-  DeviceChunked,
 };
 
 /// Caller overrides; 0 (or Auto) leaves the choice to the planner. The automatic kernel path is
 /// the device path on GPU profiles and the host path otherwise, among the paths the back end has.
 struct PlanOptions {
-  enum class Path { Auto, Host, Device, DeviceChunked };
+  enum class Path { Auto, Host, Device };
   int partition_size = 0;  ///< tokens per partition, a multiple of block_size
   int team_size = 0;
   int vector_length = 0;
@@ -151,20 +166,19 @@ using HostRowsPerPass = std::integer_sequence<int, 1, 2, 4, 6, 8, 16>;
 using DeviceRowsPerPass = std::integer_sequence<int, 1, 2, 4, 8>;
 
 /// The team scratch of one tile pass, as the planner lays it out (offsets and counts in 4-byte
-/// words): floats q [H][D] (pre-scaled query rows), o [H][D] (running unnormalised output),
-/// probs [H][chunk_tokens] (the chunk's logits, then probabilities), running [3][H] (the device
-/// path's running max, sum and merge weight per row; each row's output factor when a pass
-/// stores); then ints: the chunk's physical block ids (-1: attended by no row of the pass).
-/// The streaming device path has one of each per team member (warp) instead: o [W][H][D] (o is
-/// warp 0's), probs [W][H][chunk_tokens], running [3][W][H], and ring [W][2][stage_floats], two
-/// stages of a step's keys and values as the cache stores them.
+/// words). Host path: floats q [H][D] (pre-scaled query rows), o [H][D] (running unnormalised
+/// output), probs [H][chunk_tokens] (the chunk's logits, then probabilities), running [3][H]
+/// (each row's output factor when a pass stores); then ints: the chunk's physical block ids (-1:
+/// attended by no row of the pass). Device path: q [H][D], and per team member (warp) o [W][H][D]
+/// (o is warp 0's), probs [W][H][chunk_tokens], running [3][W][H], and ring [W][2][stage_floats],
+/// two stages of a step's keys and values as the cache stores them.
 struct TileScratchLayout {
   std::size_t q = 0;
   std::size_t o = 0;
   std::size_t probs = 0;
   std::size_t running = 0;
-  std::size_t ring = 0;          ///< streaming device path only
-  std::size_t stage_floats = 0;  ///< streaming: one stage (keys, then values of chunk_tokens tokens)
+  std::size_t ring = 0;          ///< device path only
+  std::size_t stage_floats = 0;  ///< device path: one stage (keys, then values of chunk_tokens tokens)
   std::size_t floats = 0;  ///< all the floats
   std::size_t ints = 0;    ///< the block ids
 
@@ -184,8 +198,8 @@ struct LaunchPlan {
   int team_size = 0;
   int vector_length = 0;
   int rows_per_pass = 0;                 ///< query rows (heads x query tokens) per pass over a tile's K/V
-  int chunk_tokens = 0;                  ///< tokens whose logits sit in team scratch at once (streaming
-                                         ///< device path: a warp's step)
+  int chunk_tokens = 0;                  ///< tokens whose logits sit in team scratch at once (device
+                                         ///< path: a warp's step)
   TileScratchLayout scratch_layout;      ///< team scratch of the attention kernel
   std::size_t scratch_bytes = 0;         ///< scratch_layout.bytes()
   int scratch_level = 0;                 ///< 0 (fast, e.g. GPU shared memory) or 1
@@ -227,11 +241,7 @@ BackEndLimits BackEndLimits::of(const Space& space) {
     limits.max_team_threads = limits.max_team_size * limits.max_vector_length;
     limits.host_path = true;
     limits.best_host_isa = detail::best_host_isa();
-#ifdef KPA_ENABLE_DEVICE_PATH_ON_HOST
-    limits.device_path = true;
-#else
-    limits.device_path = false;
-#endif
+    limits.device_path = detail::device_path_in_libkpa<Space>;
   } else {
     limits.max_team_threads = detail::compat::device_max_threads_per_team(space);
     limits.max_team_size = limits.max_team_threads;
@@ -256,13 +266,6 @@ DeviceProfile DeviceProfile::detect(const Space& space) {
     profile.occupancy_from_kernel = true;
   }
   profile.limits = BackEndLimits::of(space);
-  if (const char* path = std::getenv("KPA_DEVICE_PATH"); path != nullptr && *path != '\0') {
-    const std::string_view name(path);
-    if (name != "chunked" && name != "streaming") {
-      throw Error("kpa: KPA_DEVICE_PATH is '" + std::string(name) + "' (expected 'streaming' or 'chunked')");
-    }
-    profile.chunked_device_path = name == "chunked";
-  }
   profile.host_isa = detail::chosen_host_isa(profile.limits.best_host_isa);
   return profile;
 }

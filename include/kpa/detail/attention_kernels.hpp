@@ -5,36 +5,37 @@
 // partition). A tile's rows are the sequence's query tokens x the GQA group's query heads; they
 // are computed in passes of up to Path::rows rows (a compile-time constant the planner chose), so
 // every pass reads each K/V element once for all of its rows. A pass loads the pre-scaled
-// queries into team scratch, hands its kernel path a PassContext (HostPath: CPU-shaped,
-// StreamingPath and ChunkedPath: GPU-shaped; the same online softmax, SoftmaxReducer and AttentionVariant), and
-// stores the normalised output and LSE (Output::Final) or vLLM's v2 partition triple
-// max_logits / exp_sums / tmp_out (Output::Partition). The paths never see the kernel.
+// queries into team scratch, hands its kernel path a PassContext (HostPath: CPU-shaped; DevicePath:
+// GPU-shaped; the same online softmax, SoftmaxReducer and AttentionVariant), and stores the
+// normalised output and LSE (Output::Final) or vLLM's v2 partition triple max_logits / exp_sums /
+// tmp_out (Output::Partition). The paths never see the kernel.
 //
 // PartitionReduceKernel: one team per (query token, query head) share; merges the partition
 // states (and the sink) with the same SoftmaxReducer and sums the normalised partition outputs
 // by their shares.
 
-#include <kpa/detail/chunked_path.hpp>
+#include <kpa/detail/device_path.hpp>
 #include <kpa/detail/host_path.hpp>
 #include <kpa/detail/kernel_params.hpp>
 #include <kpa/detail/softmax_state.hpp>
-#include <kpa/detail/streaming_path.hpp>
 #include <kpa/numeric_types.hpp>
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 namespace kpa::detail {
 
 /// A query row's final softmax state turned into its output factor (o times this is the row's
-/// output) and its log-sum-exp, the sink (if any) joining the denominator. No key attended and
-/// no sink: output 0, LSE -inf. A NaN sum (corrupt data) stays NaN in both.
+/// output) and its log-sum-exp, the variant's sink (if any) joining the denominator. No key
+/// attended and no sink: output 0, LSE -inf. A NaN sum (corrupt data) stays NaN in both.
 struct FinalRow {
   float out_factor;
   float lse;
 
-  KOKKOS_INLINE_FUNCTION FinalRow(SoftmaxState state, bool has_sink, float sink, float value_scale) {
-    float weight = 1.0f;
-    if (has_sink) weight = state.merge(SoftmaxState{sink, 1.0f}).self;
+  KOKKOS_INLINE_FUNCTION FinalRow(const AttentionVariant& variant, SoftmaxState state, int head, float value_scale) {
+    const float weight = variant.join_sink(state, head);
     out_factor = state.exp_sum == 0.0f ? 0.0f : weight * value_scale / state.exp_sum;
     lse = state.log_sum_exp();
   }
@@ -49,6 +50,27 @@ struct PartitionKernel {
                                          typename Path::launch_bounds>;
   using member_type = typename policy_type::member_type;
   using views_type = AttentionViews<Space, T, TmpT>;
+
+  // What a kernel path is (HostPath, DevicePath): H rows of a pass over caches read as CacheT;
+  // whether its team scratch is always level 0; its launch bounds; where query element (r, d) of
+  // the pass sits in scratch; which members and lanes load and store which spans of the rows; and
+  // attend(), one pass over a tile's keys into the rows' states and their outputs in scratch.
+  static_assert(H >= 1 && H <= 32, "a kernel path computes 1 to 32 rows per pass");
+  static_assert(std::is_same_v<decltype(Path::scratch_in_level0), const bool>, "Path::scratch_in_level0");
+  static_assert(std::is_same_v<decltype(&Path::query_index), int (*)(int, int, int)>, "Path::query_index(r, d, D)");
+  static_assert(std::is_void_v<decltype(Path::for_row_spans(std::declval<const member_type&>(), 0, 0,
+                                                            std::declval<void (*)(int, int, int)>()))>,
+                "Path::for_row_spans(member, rows, D, f(r, d_begin, d_end))");
+  static_assert(std::is_void_v<decltype(std::declval<const Path&>().load_span(
+                    std::declval<const T*>(), std::size_t{}, 0.0f, std::declval<float*>(), 0))>,
+                "Path::load_span(src, stride, scale, dst, n)");
+  static_assert(std::is_void_v<decltype(std::declval<const Path&>().store_span(
+                    std::declval<const float*>(), 0.0f, std::declval<T*>(), std::size_t{}, 0))>,
+                "Path::store_span(src, factor, dst, stride, n)");
+  static_assert(std::is_void_v<decltype(std::declval<const Path&>().attend(
+                    std::declval<const member_type&>(), std::declval<const PassContext<H, CacheT>&>(),
+                    std::declval<SoftmaxStates<H>&>()))>,
+                "Path::attend(member, pass context, running states)");
 
   views_type views;  ///< the call's views (the caches as raw pointers, typed below)
   const CacheT* key_cache;
@@ -77,8 +99,12 @@ struct PartitionKernel {
   };
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& member) const {
-    const TileScratch scratch = Path::scratch_in_level0 ? TileScratch::carve(member, 0, params.scratch)
-                                                        : TileScratch::carve(member, params.scratch_level, params.scratch);
+    // A literal level 0 lets a GPU compiler address the path's scratch as shared memory; host back
+    // ends, whose levels are all memory alike, take the plan's level.
+    constexpr bool fixed_level0 =
+        Path::scratch_in_level0 && !Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible;
+    const TileScratch scratch = fixed_level0 ? TileScratch::carve(member, 0, params.scratch)
+                                             : TileScratch::carve(member, params.scratch_level, params.scratch);
     int first = 0, count = 0;
     even_share(params.tiles, params.league_size, member.league_rank(), first, count);
     for (int tile = first; tile < first + count; ++tile) run_tile(member, scratch, tile);
@@ -180,8 +206,7 @@ struct PartitionKernel {
   }
 
   KOKKOS_INLINE_FUNCTION FinalRow final_row(const Pass& pass, int r, const SoftmaxState& state) const {
-    const bool sink = variant.has_sinks();
-    return FinalRow(state, sink, sink ? variant.sinks[row_head(pass, r)] : 0.0f, params.value_scale);
+    return FinalRow(variant, state, row_head(pass, r), params.value_scale);
   }
 
   /// The pass's results: out (and lse when asked for), or tmp_out with max_logits and exp_sums.
@@ -294,7 +319,7 @@ struct PartitionReduceKernel {
           },
           SoftmaxReducer<Space>(total));
       // The sink joins the denominator only: it lowers every partition's share.
-      if (variant.has_sinks()) total.merge(SoftmaxState{variant.sinks[head], 1.0f});
+      variant.join_sink(total, head);
       Kokkos::parallel_for(Kokkos::TeamVectorRange(member, partitions), [&](int p) {
         shares(p) = total.share_of(SoftmaxState{views.max_logits(token, head, p), views.exp_sums(token, head, p)});
       });

@@ -1,16 +1,20 @@
 #pragma once
 // The variant part of an attention launch, apart from its plain parameters (FlashInfer's split):
-// every rule that decides a logit or whether a key counts lives here, once.
-//   logit()       the logit transform: the soft cap, then the ALiBi bias;
-//   attends()     the mask: the row's causal window (several query tokens, sliding window) and
-//                 vLLM's block-sparse pattern;
-//   apply_to_row() the same two rules over a row of a chunk's logits, the form the host path
-//                 calls; its arithmetic goes through RowLoops, which the instruction sets
-//                 specialise (a vectorised tanh for the cap, a vectorised ramp for ALiBi);
-//   sinks         what joins the softmax denominator with no value.
+// every rule that decides a logit, whether a key counts or what joins the softmax lives here, once.
+//   logit()          the logit transform: the soft cap, then the ALiBi bias;
+//   in_window(), attends_block()
+//                    the mask: the row's causal window (several query tokens, sliding window)
+//                    and vLLM's block-sparse pattern, which holds for whole blocks;
+//   apply_to_row()   the transform and the mask over a row of a chunk's logits, the form the host
+//                    path calls; its arithmetic goes through RowLoops, which the instruction sets
+//                    specialise (a vectorised tanh for the cap, a vectorised ramp for ALiBi);
+//   join_sink()      the sink logit joining a row's softmax denominator, with no value;
+//   span_begin()     where a sequence's attended keys start (a window's first block): the kernels
+//                    read from there, and the planner sizes partitions by the longest span.
 // Both kernel paths and the partition reduce ask it; with everything off it changes nothing.
 
 #include <kpa/detail/kokkos_compat.hpp>
+#include <kpa/detail/softmax_state.hpp>
 
 #include <cstdint>
 
@@ -76,13 +80,8 @@ struct AttentionVariant {
     return qk;
   }
 
-  /// Hook 2, the mask: whether `row` attends key `key`: the key lies in the row's window and
-  /// its block is attended.
-  KOKKOS_INLINE_FUNCTION bool attends(const QueryRow& row, int key) const {
-    return in_window(row, key) && attends_block(row, key);
-  }
-
-  /// The causal window part of the mask: keys first_key(position) ... position.
+  /// Hook 2, the mask, in two parts: `row` attends key `key` when the key lies in the row's window
+  /// and the row attends its block. The causal window: keys first_key(position) ... position.
   KOKKOS_INLINE_FUNCTION bool in_window(const QueryRow& row, int key) const {
     return key <= row.position && key >= first_key(row.position);
   }
@@ -105,20 +104,31 @@ struct AttentionVariant {
   KOKKOS_INLINE_FUNCTION bool skips_blocks() const { return sparse.vert_stride > 1; }
 
   /// The first key a row at absolute position `position` attends (its last is `position`).
-  KOKKOS_INLINE_FUNCTION int first_key(int position) const {
-    return (sliding_window > 0 && position >= sliding_window) ? position - sliding_window + 1 : 0;
+  KOKKOS_INLINE_FUNCTION int first_key(int position) const { return first_key(position, sliding_window); }
+  KOKKOS_INLINE_FUNCTION static int first_key(int position, int window) {
+    return (window > 0 && position >= window) ? position - window + 1 : 0;
   }
 
   /// Where a sequence's attended span starts: the block holding the first key of its first query
   /// row (query_len rows end at seq_len - 1). Partitions count from here, so a window over a
-  /// long sequence plans and reads only the window's blocks.
+  /// long sequence plans and reads only the window's blocks. The static form is the planner's.
   KOKKOS_INLINE_FUNCTION int span_begin(int seq_len, int query_len, int block_size) const {
-    if (sliding_window <= 0) return 0;
-    const int first = first_key(seq_len - (query_len > 0 ? query_len : 1));
+    return span_begin(seq_len, query_len, block_size, sliding_window);
+  }
+  KOKKOS_INLINE_FUNCTION static int span_begin(int seq_len, int query_len, int block_size, int window) {
+    if (window <= 0) return 0;
+    const int first = first_key(seq_len - (query_len > 0 ? query_len : 1), window);
     return first - first % block_size;
   }
 
   KOKKOS_INLINE_FUNCTION bool has_sinks() const { return sinks.present(); }
+
+  /// Hook 3, the sink: query head `head`'s sink logit joins `state`'s denominator and adds no
+  /// value. Returns the weight the state's own output keeps (1 without sinks).
+  KOKKOS_INLINE_FUNCTION float join_sink(SoftmaxState& state, int head) const {
+    if (!sinks.present()) return 1.0f;
+    return state.merge(SoftmaxState{sinks[head], 1.0f}).self;
+  }
 
   /// The row-wise form of both hooks, over `n` logits of `row` for the keys first_key,
   /// first_key + 1, ...: masked keys become -inf, then the transform applies (it keeps -inf).

@@ -1,6 +1,6 @@
 #pragma once
-// What both GPU-shaped kernel paths share: 16-byte vector loads turned into floats, and the
-// element-per-worker access to a pass's query and output rows.
+// The device kernel path's loads and row access: 16-byte vector loads turned into floats, and
+// the element-per-worker access to a pass's query and output rows.
 
 #include <kpa/numeric_types.hpp>
 

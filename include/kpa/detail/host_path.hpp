@@ -66,13 +66,6 @@ struct HostPath {
     }
   }
 
-  /// Whether any row attends the block at key `key`, and so whether it is read at all.
-  KOKKOS_INLINE_FUNCTION static bool block_read(const PassContext<H, CacheT>& c, int key) {
-    if (!c.variant.skips_blocks()) return true;
-    bool attends[H];
-    return c.block_attended(key, attends);
-  }
-
   /// A member's BlockPrefetcher over its share of the blocks of the chunk at `chunk_begin` (up
   /// to kPrefetchBlocks, listed in `ids`; unread blocks skipped; none past the pass), and in
   /// `lines` the lines they span.
@@ -85,7 +78,7 @@ struct HostPath {
     int count = 0;
     for (int lb = member.team_rank(); lb < blocks && count < kPrefetchBlocks; lb += member.team_size()) {
       const int key = chunk_begin + lb * B;
-      ids[count++] = block_read(c, key) ? c.block_of(key) : -1;
+      ids[count++] = c.rows_attending_block(key) != 0u ? c.block_of(key) : -1;
     }
     const int block_bytes = B * c.head_size * static_cast<int>(sizeof(CacheT));
     lines = 2 * count * (block_bytes / 64 + 2);  // keys and values; a block may start and end mid-line
@@ -115,7 +108,7 @@ struct HostPath {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, blocks), [&](int lb) {
         const int key = chunk_begin + lb * B;
         const int slots = (tokens - lb * B < B) ? tokens - lb * B : B;
-        const int block_id = block_read(c, key) ? c.block_of(key) : -1;
+        const int block_id = c.rows_attending_block(key) != 0u ? c.block_of(key) : -1;
         s.block_ids[lb] = block_id;
         prefetcher.allow(logits_share);
         if (block_id < 0) return;  // its logits are masked by every row's rules below

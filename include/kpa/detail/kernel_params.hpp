@@ -70,8 +70,8 @@ struct TileScratch {
   float* probs;      ///< [H][chunk_tokens]
   float* running;    ///< [3][H]
   int* block_ids;    ///< [chunk_blocks]
-  float* ring;       ///< streaming device path: [team members][2][stage_floats]
-  int stage_floats;  ///< streaming device path: one stage of the ring
+  float* ring;       ///< device path: [team members][2][stage_floats]
+  int stage_floats;  ///< device path: one stage of the ring
 
   template <class Member>
   KOKKOS_INLINE_FUNCTION static TileScratch carve(const Member& member, int level, const TileScratchLayout& layout) {
@@ -104,22 +104,13 @@ struct PassContext {
   /// The physical block holding key `key`.
   KOKKOS_INLINE_FUNCTION int block_of(int key) const { return block_table[(key / block_size) * table_stride]; }
 
-  /// Bit r set: row r of the pass attends the block holding key `key` (0: the block is not read).
+  /// Bit r set: row r of the pass attends the block holding key `key`; 0: no row does, and the
+  /// block is not read at all.
   KOKKOS_INLINE_FUNCTION unsigned rows_attending_block(int key) const {
+    if (!variant.skips_blocks()) return H == 32 ? ~0u : (1u << H) - 1u;
     unsigned rows = 0;
     for (int r = 0; r < H; ++r) rows |= variant.attends_block(row[r], key) ? 1u << r : 0u;
     return rows;
-  }
-
-  /// Whether any row of the pass attends the block starting at key `key` (blocks no row attends
-  /// are not read at all); `attends[r]` for each row.
-  KOKKOS_INLINE_FUNCTION bool block_attended(int key, bool (&attends)[H]) const {
-    bool any = false;
-    for (int r = 0; r < H; ++r) {
-      attends[r] = variant.attends_block(row[r], key);
-      any = any || attends[r];
-    }
-    return any;
   }
 };
 

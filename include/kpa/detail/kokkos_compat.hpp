@@ -101,16 +101,6 @@ KOKKOS_INLINE_FUNCTION To bit_cast(const From& from) {
 #endif
 }
 
-template <class Space>
-void fence(const Space& space, const std::string& label) {
-#if KOKKOS_VERSION >= 40000
-  space.fence(label);
-#else
-  (void)label;
-  space.fence();
-#endif
-}
-
 /// Host mirror of `view` holding a copy of its contents (no copy when `view` is host-accessible).
 template <class View>
 auto host_copy(const View& view) {

@@ -24,39 +24,26 @@ void with_rows_per_pass(std::integer_sequence<int, Values...>, int rows, F&& f) 
   if (!found) fail("kpa", "no kernel is compiled for ", rows, " rows per pass on this kernel path");
 }
 
-/// Calls f(TypeTag<Kernel>{}) with the PartitionKernel the plan runs. The host path exists on
-/// host back ends only. The device path exists on device back ends, and on host back ends where
-/// KPA_ENABLE_DEVICE_PATH_ON_HOST is defined (kpa's tests: the GPU-shaped code then runs on every
-/// machine); without it host translation units do not compile the device path at all.
+/// Calls f(TypeTag<Kernel>{}) with the PartitionKernel the plan runs that a translation unit
+/// compiles for Space: the host path on host back ends, the device path on device back ends. (The
+/// device path on host back ends is libkpa's: launch_device_path_on_host.)
 template <class Space, class CacheT, class T, class TmpT, class F>
 void with_partition_kernel(const char* call, const LaunchPlan& plan, KVCacheDType kv_cache_dtype, F&& f) {
+  constexpr bool host_space = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible;
+  if ((plan.kernel_path == KernelPath::Host) != host_space) {
+    fail<UnsupportedError>(call, "the ", to_string(plan.kernel_path), " kernel path is not compiled here for ",
+                           Space::name());
+  }
   with_cache_storage<CacheT>(kv_cache_dtype, [&](auto storage) {
     using StorageT = typename decltype(storage)::type;
-    if (plan.kernel_path == KernelPath::Host) {
-      if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
-        with_rows_per_pass(HostRowsPerPass{}, plan.rows_per_pass, [&](auto rows) {
-          f(TypeTag<PartitionKernel<Space, HostPath<decltype(rows)::value, StorageT>, T, TmpT>>{});
-        });
-      } else {
-        fail(call, "the host kernel path does not run on ", Space::name());
-      }
+    if constexpr (host_space) {
+      with_rows_per_pass(HostRowsPerPass{}, plan.rows_per_pass, [&](auto rows) {
+        f(TypeTag<PartitionKernel<Space, HostPath<decltype(rows)::value, StorageT>, T, TmpT>>{});
+      });
     } else {
-#ifndef KPA_ENABLE_DEVICE_PATH_ON_HOST
-      if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
-        fail<UnsupportedError>(call, "the device kernel path is not compiled for ", Space::name(),
-                               " (define KPA_ENABLE_DEVICE_PATH_ON_HOST)");
-      } else
-#endif
-      {
-        with_rows_per_pass(DeviceRowsPerPass{}, plan.rows_per_pass, [&](auto rows) {
-          constexpr int H = decltype(rows)::value;
-          if (plan.kernel_path == KernelPath::Device) {
-            f(TypeTag<PartitionKernel<Space, StreamingPath<H, StorageT>, T, TmpT>>{});
-          } else {
-            f(TypeTag<PartitionKernel<Space, ChunkedPath<H, StorageT>, T, TmpT>>{});
-          }
-        });
-      }
+      with_rows_per_pass(DeviceRowsPerPass{}, plan.rows_per_pass, [&](auto rows) {
+        f(TypeTag<PartitionKernel<Space, DevicePath<decltype(rows)::value, StorageT>, T, TmpT>>{});
+      });
     }
   });
 }
@@ -163,6 +150,27 @@ Path kernel_path(const LaunchPlan& plan, const ProblemShape& shape) {
   }
 }
 
+/// Launches Kernel, a PartitionKernel, for `plan`.
+template <class Kernel, class Space, class T, class TmpT>
+void launch_kernel(const char* label, const Space& space, const LaunchPlan& plan, Output output,
+                   const ProblemShape& shape, const AttentionViews<Space, T, TmpT>& views,
+                   const AttentionParams& params) {
+  using Path = std::remove_cv_t<decltype(Kernel::path)>;
+  const Kernel kernel(views, kernel_params(plan, output, shape, views, params), attention_variant(shape, views, params),
+                      kernel_path<Path>(plan, shape));
+  const auto policy = team_policy_for<typename Kernel::policy_type>(label, space, plan, plan.league_size,
+                                                                    plan.scratch_bytes, plan.scratch_level, kernel);
+  Kokkos::parallel_for(label, policy, kernel);
+}
+
+/// The device kernel path's launch on a host back end (device_path_in_libkpa), compiled once into
+/// libkpa for every dtype and cache type: the GPU-shaped code runs on any machine (kpa's tests run
+/// it on every host back end) without every program compiling it.
+template <class CacheT, class Space, class T, class TmpT>
+void launch_device_path_on_host(const char* label, const Space& space, const LaunchPlan& plan, Output output,
+                                const ProblemShape& shape, const AttentionViews<Space, T, TmpT>& views,
+                                const AttentionParams& params);
+
 /// Launches the attention kernel of `plan`, writing `output` (the final output, or the v2
 /// partition triple of `views`). CacheT is the caches' element type (std::uint8_t for fp8).
 template <class CacheT, class Space, class T, class TmpT>
@@ -170,16 +178,15 @@ void launch_partition_kernel(const char* label, const Space& space, const Launch
                              const ProblemShape& shape, const AttentionViews<Space, T, TmpT>& views,
                              const AttentionParams& params) {
   if (plan.tiles == 0) return;
-  if (plan.kernel_path != KernelPath::Host) check_aligned_caches(label, views.key_cache, views.value_cache);
-  const KernelParams k = kernel_params(plan, output, shape, views, params);
-  const AttentionVariant variant = attention_variant(shape, views, params);
+  if (plan.kernel_path == KernelPath::Device) check_aligned_caches(label, views.key_cache, views.value_cache);
+  if constexpr (device_path_in_libkpa<Space>) {
+    if (plan.kernel_path == KernelPath::Device) {
+      launch_device_path_on_host<CacheT>(label, space, plan, output, shape, views, params);
+      return;
+    }
+  }
   with_partition_kernel<Space, CacheT, T, TmpT>(label, plan, params.kv_cache_dtype, [&](auto tag) {
-    using Kernel = typename decltype(tag)::type;
-    using Path = std::remove_cv_t<decltype(Kernel::path)>;
-    const Kernel kernel(views, k, variant, kernel_path<Path>(plan, shape));
-    const auto policy = team_policy_for<typename Kernel::policy_type>(label, space, plan, plan.league_size,
-                                                                      plan.scratch_bytes, plan.scratch_level, kernel);
-    Kokkos::parallel_for(label, policy, kernel);
+    launch_kernel<typename decltype(tag)::type>(label, space, plan, output, shape, views, params);
   });
 }
 

@@ -1,6 +1,6 @@
 #pragma once
-// The streaming device kernel path (KernelPath::Device): how a team computes one pass over a tile
-// on a GPU with many copies in flight and no team barrier while it reads the cache.
+// The device kernel path (KernelPath::Device): how a team computes one pass over a tile on a GPU,
+// streaming the cache with many copies in flight and no team barrier while it reads it.
 //
 // A team is W members (GPU: warps) of vector_length lanes. The pass's keys are cut into steps of
 // T tokens (chunk_tokens: a power of two that divides the block size); member w takes steps w, w + W,
@@ -8,12 +8,13 @@
 //   1. issues the copies of the next step's keys and values into the other stage (16-byte
 //      pieces in the cache's own order, so a warp's copies are contiguous; AsyncCopy keeps them
 //      in flight on GPUs that can), then waits for this step's stage;
-//   2. logits: lane j takes token j and computes q.k for every row of the pass from scratch (the
-//      queries are read by all lanes at once); the step's softmax state for all rows comes out of
-//      one vector-level parallel_reduce with SoftmaxReducer, and merges into the member's running
-//      state, which every lane holds in registers;
-//   3. p.V: lane d takes head dimension d, rescales the member's output rows (in scratch) by the
-//      merge weight and adds the step's probabilities times the values.
+//   2. logits (step_logits): lane j takes token j and computes q.k for every row of the pass from
+//      scratch (the queries are read by all lanes at once); the step's softmax state for all rows
+//      comes out of one vector-level reduction with the reducer's join, and merges into the
+//      member's running state, which every lane holds in registers;
+//   3. probabilities (step_probabilities): each logit against the new running max;
+//   4. p.V (step_values): lane d takes head dimension d, rescales the member's output rows (in
+//      scratch) by the merge weight and adds the step's probabilities times the values.
 // At the end of the pass the members' states merge (the same join) and their outputs are summed
 // with the merge weights into member 0's rows. The same code
 // runs on host back ends (members and lanes loop; copies are immediate), which is how the test
@@ -27,11 +28,11 @@
 namespace kpa::detail {
 
 template <int H, class CacheT>
-struct StreamingPath : DeviceRowIO {
+struct DevicePath : DeviceRowIO {
   static constexpr int rows = H;
   using cache_type = CacheT;
-  /// The planner puts all of this path's scratch in level 0: a literal level lets the compiler
-  /// address it as shared memory.
+  /// On GPUs the planner puts all of this path's scratch in level 0: a literal level lets the
+  /// compiler address it as shared memory.
   static constexpr bool scratch_in_level0 = true;
   /// At most 4 warps per team (the planner's limit); one team per SM is enough for ptxas, so it
   /// never trades registers for spills (shared memory bounds the teams per SM first).
@@ -107,7 +108,7 @@ struct StreamingPath : DeviceRowIO {
     step.tokens = c.end - start < c.chunk_tokens ? c.end - start : c.chunk_tokens;
     step.block = c.block_of(start);
     step.slot = start % c.block_size;
-    step.rows = c.variant.skips_blocks() ? c.rows_attending_block(start) : ~0u;
+    step.rows = c.rows_attending_block(start);
     return step;
   }
 
@@ -145,15 +146,32 @@ struct StreamingPath : DeviceRowIO {
     }
   }
 
-  /// One step of a member: logits, the running state's merge, p.V into the member's rows `o`.
+  /// One step of a member: its logits and softmax state, the running state's merge, the
+  /// probabilities, p.V into the member's rows `o`.
   template <class Member>
   KOKKOS_INLINE_FUNCTION static void compute_step(const Member& member, const PassContext<H, CacheT>& c,
                                                   const Step& step, int shift, const float* stage, float* probs,
                                                   float* o, SoftmaxStates<H>& state) {
+    const SoftmaxStates<H> step_state = step_logits(member, c, step, shift, stage, probs);
+    float weight[H], max_logit[H];
+    for (int g = 0; g < H; ++g) {
+      weight[g] = state.head[g].merge(step_state.head[g]).self;
+      max_logit[g] = state.head[g].max_logit;
+    }
+    step_probabilities(member, step, probs, max_logit);
+    compat::vector_sync(member);  // every lane's probabilities are in scratch
+    step_values(member, c, step, shift, stage, probs, weight, o);
+  }
+
+  /// The step's logits of every row into `probs` (masked: -inf), and their softmax state, which
+  /// every lane of the member gets.
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION static SoftmaxStates<H> step_logits(const Member& member, const PassContext<H, CacheT>& c,
+                                                             const Step& step, int shift, const float* stage,
+                                                             float* probs) {
     using Space = typename Member::execution_space;
-    const int T = 1 << shift, D = c.head_size, n = step.tokens;
+    const int T = 1 << shift, D = c.head_size;
     const CacheT* keys = reinterpret_cast<const CacheT*>(stage);
-    const CacheT* values = keys + static_cast<std::ptrdiff_t>(T) * D;
     const float* q = c.scratch.q;
     const auto token_state = [&](int j, SoftmaxStates<H>& st) {
       float acc[H];
@@ -184,7 +202,7 @@ struct StreamingPath : DeviceRowIO {
       // Each lane folds its tokens, then the lanes merge pairwise through shuffles (the reducer's
       // join): every lane ends with the step's state, which never leaves registers (Kokkos'
       // vector reduction of a struct goes through local memory).
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, n), [&](int j) { token_state(j, merged); });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, step.tokens), [&](int j) { token_state(j, merged); });
       for (int mask = 1; mask < 32; mask *= 2) {
         SoftmaxStates<H> other;
         for (int g = 0; g < H; ++g) {
@@ -194,21 +212,31 @@ struct StreamingPath : DeviceRowIO {
         merged.merge(other);
       }
     } else {
-      Kokkos::parallel_reduce(Kokkos::ThreadVectorRange(member, n), token_state,
+      Kokkos::parallel_reduce(Kokkos::ThreadVectorRange(member, step.tokens), token_state,
                               SoftmaxReducer<Space, SoftmaxStates<H>>(merged));
     }
-    float weight[H], max_logit[H];
-    for (int g = 0; g < H; ++g) {
-      weight[g] = state.head[g].merge(merged.head[g]).self;
-      max_logit[g] = state.head[g].max_logit;
-    }
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, n), [&](int j) {
+    return merged;
+  }
+
+  /// The step's logits in `probs` become probabilities against each row's running max (masked: 0).
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION static void step_probabilities(const Member& member, const Step& step, float* probs,
+                                                        const float (&max_logit)[H]) {
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, step.tokens), [&](int j) {
       for (int g = 0; g < H; ++g) {
         float& p = probs[piece_index(g, j)];
         p = p != -compat::infinity() ? compat::exp(p - max_logit[g]) : 0.0f;
       }
     });
-    compat::vector_sync(member);  // every lane's probabilities are in scratch
+  }
+
+  /// o = o * weight + p.V over the step, lane d taking head dimension d of every row.
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION static void step_values(const Member& member, const PassContext<H, CacheT>& c,
+                                                 const Step& step, int shift, const float* stage, const float* probs,
+                                                 const float (&weight)[H], float* o) {
+    const int T = 1 << shift, D = c.head_size, n = step.tokens;
+    const CacheT* values = reinterpret_cast<const CacheT*>(stage) + static_cast<std::ptrdiff_t>(T) * D;
     const bool whole = n == T && T % kPiece == 0 && step.rows != 0u;
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, D), [&](int d) {
       float sums[H];
