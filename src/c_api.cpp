@@ -338,7 +338,9 @@ void with_types(const char* call, int dtype, int cache_dtype, Run&& run) {
   }
 }
 
-/// The C arguments every attention entry point of the C ABI shares (raw pointers and sizes).
+/// An attention call of the C ABI: the arguments every attention entry point takes (kpa.h's
+/// order), and the scalars and variants as kpa_paged_attention_ex's options (v1, v2 and
+/// kpa_paged_attention pass theirs as arguments: attention_options gathers them).
 struct CAttentionArgs {
   const void* query;
   int dtype;  ///< a kpa_dtype value
@@ -350,13 +352,46 @@ struct CAttentionArgs {
   int64_t max_blocks_per_seq;
   const int32_t* seq_lens;
   int64_t max_seq_len;
-  float scale;
-  const float* alibi_slopes;
-  float k_scale, v_scale;
-  int tp_rank;
-  const kpa_block_sparse* block_sparse;
-  int64_t num_tokens = -1;  ///< rows of query / out (kpa_paged_attention_ex); < 0: num_seqs
+  kpa_attention_options options;
+
+  CAttentionArgs(const void* query_, const kpa_dtype& dtype_, const void* key_cache_, const void* value_cache_,
+                 const kpa_dtype& cache_dtype_, int64_t num_seqs_, int64_t num_heads_, int64_t num_kv_heads_,
+                 int64_t head_size_, int64_t num_blocks_, int64_t block_size_, const int32_t* block_tables_,
+                 int64_t max_blocks_per_seq_, const int32_t* seq_lens_, int64_t max_seq_len_,
+                 const kpa_attention_options& options_)
+      : query(query_),
+        dtype(dtype_value(dtype_)),
+        key_cache(key_cache_),
+        value_cache(value_cache_),
+        cache_dtype(dtype_value(cache_dtype_)),
+        num_seqs(num_seqs_),
+        num_heads(num_heads_),
+        num_kv_heads(num_kv_heads_),
+        head_size(head_size_),
+        num_blocks(num_blocks_),
+        block_size(block_size_),
+        block_tables(block_tables_),
+        max_blocks_per_seq(max_blocks_per_seq_),
+        seq_lens(seq_lens_),
+        max_seq_len(max_seq_len_),
+        options(options_) {}
 };
+
+/// The options of an entry point that takes its scalars as arguments (v1, v2, kpa_paged_attention):
+/// no variant beyond ALiBi and block-sparse, and the index check kpa_set_check_indices set.
+kpa_attention_options attention_options(float scale, const float* alibi_slopes, float k_scale, float v_scale,
+                                        int tp_rank, const kpa_block_sparse* block_sparse) {
+  kpa_attention_options o;
+  kpa_attention_options_init(&o);
+  o.scale = scale;
+  o.alibi_slopes = alibi_slopes;
+  o.k_scale = k_scale;
+  o.v_scale = v_scale;
+  o.tp_rank = tp_rank;
+  o.block_sparse = block_sparse;
+  o.check_indices = check_indices.load() ? 1 : 0;
+  return o;
+}
 
 /// Wraps the shared arguments as Views of `Space` and hands them to `call_kpa`.
 template <class Space, class Body>
@@ -369,7 +404,8 @@ void with_attention_views(const char* call, const Space&, void* out, const CAtte
   const int block_size = to_int(call, "block_size", a.block_size, false);
   const int columns = to_int(call, "max_blocks_per_seq", a.max_blocks_per_seq);
   const int max_seq_len = to_int(call, "max_seq_len", a.max_seq_len);
-  const int rows = a.num_tokens < 0 ? seqs : to_int(call, "num_tokens", a.num_tokens);
+  const kpa_attention_options& o = a.options;
+  const int rows = o.num_tokens < 0 ? seqs : to_int(call, "num_tokens", o.num_tokens);
   const bool any_seqs = seqs > 0;
   require(call, "out", out, rows > 0);
   require(call, "query", a.query, rows > 0);
@@ -378,14 +414,16 @@ void with_attention_views(const char* call, const Space&, void* out, const CAtte
   require(call, "block_tables", a.block_tables, any_seqs && columns > 0);
   require(call, "seq_lens", a.seq_lens, any_seqs);
   kpa::AttentionParams params;
-  params.scale = a.scale;
-  params.k_scale = a.k_scale;
-  params.v_scale = a.v_scale;
-  params.tp_rank = a.tp_rank;
-  params.check_indices = check_indices.load();
-  if (a.block_sparse != nullptr) {
-    params.block_sparse = kpa::BlockSparse{a.block_sparse->local_blocks, a.block_sparse->vert_stride,
-                                           a.block_sparse->block_size, a.block_sparse->head_sliding_step};
+  params.scale = o.scale;
+  params.k_scale = o.k_scale;
+  params.v_scale = o.v_scale;
+  params.tp_rank = o.tp_rank;
+  params.logits_soft_cap = o.logits_soft_cap;
+  params.sliding_window = o.sliding_window;
+  params.check_indices = o.check_indices != 0;
+  if (o.block_sparse != nullptr) {
+    params.block_sparse = kpa::BlockSparse{o.block_sparse->local_blocks, o.block_sparse->vert_stride,
+                                           o.block_sparse->block_size, o.block_sparse->head_sliding_step};
   }
   with_types(call, a.dtype, a.cache_dtype, [&](auto t, auto c, kpa::KVCacheDType kv) {
     using T = typename decltype(t)::type;
@@ -400,7 +438,7 @@ void with_attention_views(const char* call, const Space&, void* out, const CAtte
                                               block_size);
     Unmanaged<Space, const int**> block_tables(a.block_tables, seqs, columns);
     Unmanaged<Space, const int*> seq_lens(a.seq_lens, seqs);
-    Unmanaged<Space, const float*> alibi(a.alibi_slopes, a.alibi_slopes != nullptr ? heads : 0);
+    Unmanaged<Space, const float*> alibi(o.alibi_slopes, o.alibi_slopes != nullptr ? heads : 0);
     call_kpa(t, out_view, query, key_cache, value_cache, block_tables, seq_lens, max_seq_len, alibi, params);
   });
 }
@@ -499,12 +537,9 @@ int kpa_paged_attention_v1(void* out, const void* query, kpa_dtype dtype, const 
                            int64_t max_seq_len, float scale, const float* alibi_slopes, float k_scale, float v_scale,
                            int tp_rank, const kpa_block_sparse* block_sparse) {
   return guarded([&](const auto& space) {
-    using Space = std::decay_t<decltype(space)>;
-    const CAttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
-                             num_seqs,      num_heads,          num_kv_heads,  head_size,    num_blocks,
-                             block_size,    block_tables,       max_blocks_per_seq, seq_lens, max_seq_len,
-                             scale,         alibi_slopes,       k_scale,       v_scale,      tp_rank,
-                             block_sparse};
+    const CAttentionArgs args(query, dtype, key_cache, value_cache, cache_dtype, num_seqs, num_heads, num_kv_heads,
+                              head_size, num_blocks, block_size, block_tables, max_blocks_per_seq, seq_lens, max_seq_len,
+                              attention_options(scale, alibi_slopes, k_scale, v_scale, tp_rank, block_sparse));
     with_attention_views("kpa_paged_attention_v1", space, out, args, [&](auto, auto&&... views) {
       kpa::paged_attention_v1(space, views...);
     });
@@ -527,11 +562,9 @@ int kpa_paged_attention_v2(void* out, float* exp_sums, float* max_logits, void* 
     require(call, "exp_sums", exp_sums, any);
     require(call, "max_logits", max_logits, any);
     require(call, "tmp_out", tmp_out, any);
-    const CAttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
-                             num_seqs,      num_heads,          num_kv_heads,  head_size,    num_blocks,
-                             block_size,    block_tables,       max_blocks_per_seq, seq_lens, max_seq_len,
-                             scale,         alibi_slopes,       k_scale,       v_scale,      tp_rank,
-                             block_sparse};
+    const CAttentionArgs args(query, dtype, key_cache, value_cache, cache_dtype, num_seqs, num_heads, num_kv_heads,
+                              head_size, num_blocks, block_size, block_tables, max_blocks_per_seq, seq_lens, max_seq_len,
+                              attention_options(scale, alibi_slopes, k_scale, v_scale, tp_rank, block_sparse));
     with_attention_views(call, space, out, args, [&](auto t, const auto& out_view, const auto& query_view,
                                                      const auto& kc, const auto& vc, const auto& bt, const auto& sl,
                                                      int max_len, const auto& alibi, const kpa::AttentionParams& params) {
@@ -552,13 +585,10 @@ int kpa_paged_attention(void* out, const void* query, kpa_dtype dtype, const voi
                         const float* alibi_slopes, float k_scale, float v_scale, int tp_rank,
                         const kpa_block_sparse* block_sparse) {
   return guarded([&](const auto& space) {
-    using Space = std::decay_t<decltype(space)>;
     const std::lock_guard<std::mutex> lock(workspace_mutex);
-    const CAttentionArgs args{query,         dtype_value(dtype), key_cache,     value_cache,  dtype_value(cache_dtype),
-                             num_seqs,      num_heads,          num_kv_heads,  head_size,    num_blocks,
-                             block_size,    block_tables,       max_blocks_per_seq, seq_lens, max_seq_len,
-                             scale,         alibi_slopes,       k_scale,       v_scale,      tp_rank,
-                             block_sparse};
+    const CAttentionArgs args(query, dtype, key_cache, value_cache, cache_dtype, num_seqs, num_heads, num_kv_heads,
+                              head_size, num_blocks, block_size, block_tables, max_blocks_per_seq, seq_lens, max_seq_len,
+                              attention_options(scale, alibi_slopes, k_scale, v_scale, tp_rank, block_sparse));
     with_attention_views("kpa_paged_attention", space, out, args, [&](auto, auto&&... views) {
       kpa::paged_attention(space, workspace_for(space), views...);
     });
@@ -598,19 +628,13 @@ int kpa_paged_attention_ex(void* out, const void* query, kpa_dtype dtype, const 
     const int seqs = to_int(call, "num_seqs", num_seqs);
     const int heads = to_int(call, "num_heads", num_heads, false);
     const int rows = several ? to_int(call, "num_tokens", o.num_tokens) : seqs;
-    CAttentionArgs args{query,     dtype_value(dtype), key_cache,   value_cache,        dtype_value(cache_dtype),
-                       num_seqs,  num_heads,          num_kv_heads, head_size,         num_blocks,
-                       block_size, block_tables,      max_blocks_per_seq, seq_lens,    max_seq_len,
-                       o.scale,   o.alibi_slopes,     o.k_scale,   o.v_scale,          o.tp_rank,
-                       o.block_sparse};
-    args.num_tokens = rows;
+    const CAttentionArgs args(query, dtype, key_cache, value_cache, cache_dtype, num_seqs, num_heads, num_kv_heads,
+                              head_size, num_blocks, block_size, block_tables, max_blocks_per_seq, seq_lens, max_seq_len,
+                              o);
     const std::lock_guard<std::mutex> lock(workspace_mutex);
     with_attention_views(call, space, out, args, [&](auto, const auto& out_view, const auto& query_view,
                                                      const auto& kc, const auto& vc, const auto& bt, const auto& sl,
-                                                     int max_len, const auto& alibi, kpa::AttentionParams params) {
-      params.logits_soft_cap = o.logits_soft_cap;
-      params.sliding_window = o.sliding_window;
-      params.check_indices = o.check_indices != 0;
+                                                     int max_len, const auto& alibi, const kpa::AttentionParams& params) {
       kpa::AttentionExtras<Space> extras;
       if (several) extras.query_start_loc = Unmanaged<Space, const int*>(o.query_start_loc, seqs + 1);
       if (o.sinks != nullptr) extras.sinks = Unmanaged<Space, const float*>(o.sinks, heads);

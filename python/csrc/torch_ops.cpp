@@ -353,15 +353,51 @@ struct Attention {
   float k_scale = 1.0f, v_scale = 1.0f;
 };
 
-Attention check_attention(const char* op, const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
-                          const at::Tensor& value_cache, int64_t num_kv_heads, const at::Tensor& block_tables,
-                          const at::Tensor& seq_lens, int64_t block_size, int64_t max_seq_len,
-                          const c10::optional<at::Tensor>& alibi_slopes, const std::string& kv_cache_dtype,
-                          const at::Tensor& k_scale, const at::Tensor& v_scale, int64_t tp_rank,
-                          int64_t blocksparse_local_blocks,
-                          int64_t blocksparse_vert_stride, int64_t blocksparse_block_size,
-                          int64_t blocksparse_head_sliding_step,
-                          const c10::optional<at::Tensor>& query_start_loc = c10::nullopt) {
+/// An attention operator's arguments, named as the schemas name them: vLLM's v1 and v2 have all
+/// but query_start_loc; kpa's paged_attention has no tp_rank and no block-sparse pattern.
+struct AttentionArgs {
+  at::Tensor out, query, key_cache, value_cache;
+  int64_t num_kv_heads;
+  at::Tensor block_tables, seq_lens;
+  int64_t block_size, max_seq_len;
+  c10::optional<at::Tensor> alibi_slopes;
+  std::string kv_cache_dtype;
+  at::Tensor k_scale, v_scale;
+  int64_t tp_rank = 0;
+  int64_t blocksparse_local_blocks = 0, blocksparse_vert_stride = 0, blocksparse_block_size = 64,
+          blocksparse_head_sliding_step = 0;
+  c10::optional<at::Tensor> query_start_loc;
+
+  /// The arguments every attention schema has, in the schemas' order.
+  AttentionArgs(const at::Tensor& out_, const at::Tensor& query_, const at::Tensor& key_cache_,
+                const at::Tensor& value_cache_, int64_t num_kv_heads_, const at::Tensor& block_tables_,
+                const at::Tensor& seq_lens_, int64_t block_size_, int64_t max_seq_len_,
+                const c10::optional<at::Tensor>& alibi_slopes_, const std::string& kv_cache_dtype_,
+                const at::Tensor& k_scale_, const at::Tensor& v_scale_)
+      : out(out_), query(query_), key_cache(key_cache_), value_cache(value_cache_), num_kv_heads(num_kv_heads_),
+        block_tables(block_tables_), seq_lens(seq_lens_), block_size(block_size_), max_seq_len(max_seq_len_),
+        alibi_slopes(alibi_slopes_), kv_cache_dtype(kv_cache_dtype_), k_scale(k_scale_), v_scale(v_scale_) {}
+
+  /// vLLM's v1 and v2 add the tensor-parallel rank and the block-sparse pattern.
+  AttentionArgs& with_block_sparse(int64_t rank, int64_t local_blocks, int64_t vert_stride, int64_t sparse_block_size,
+                                   int64_t head_sliding_step) {
+    tp_rank = rank;
+    blocksparse_local_blocks = local_blocks;
+    blocksparse_vert_stride = vert_stride;
+    blocksparse_block_size = sparse_block_size;
+    blocksparse_head_sliding_step = head_sliding_step;
+    return *this;
+  }
+};
+
+Attention check_attention(const char* op, const AttentionArgs& args) {
+  const at::Tensor &out = args.out, &query = args.query, &key_cache = args.key_cache, &value_cache = args.value_cache;
+  const at::Tensor &block_tables = args.block_tables, &seq_lens = args.seq_lens;
+  const at::Tensor &k_scale = args.k_scale, &v_scale = args.v_scale;
+  const c10::optional<at::Tensor>& alibi_slopes = args.alibi_slopes;
+  const c10::optional<at::Tensor>& query_start_loc = args.query_start_loc;
+  const int64_t num_kv_heads = args.num_kv_heads, block_size = args.block_size, tp_rank = args.tp_rank;
+  const std::string& kv_cache_dtype = args.kv_cache_dtype;
   Attention a{};
   TORCH_CHECK_VALUE(query.dim() == 3, op, ": query must be [", query_start_loc ? "num_tokens" : "num_seqs",
                     ", num_heads, head_size], got ", shape_of(query));
@@ -403,7 +439,7 @@ Attention check_attention(const char* op, const at::Tensor& out, const at::Tenso
   expect_index_type(op, "block_tables", block_tables);
   expect_shape(op, "seq_lens", seq_lens, {a.num_seqs});
   expect_index_type(op, "seq_lens", seq_lens);
-  a.max_seq_len = max_seq_len;
+  a.max_seq_len = args.max_seq_len;
   a.has_alibi = alibi_slopes.has_value();
   if (a.has_alibi) {
     expect_shape(op, "alibi_slopes", *alibi_slopes, {a.num_heads});
@@ -415,14 +451,16 @@ Attention check_attention(const char* op, const at::Tensor& out, const at::Tenso
   TORCH_CHECK_VALUE(tp_rank >= INT_MIN && tp_rank <= INT_MAX, op, ": tp_rank ", tp_rank, " is outside int");
   a.tp_rank = static_cast<int>(tp_rank);
   // vLLM's rule: the block-sparse pattern is on when the vertical stride exceeds 1.
-  a.is_sparse = blocksparse_vert_stride > 1;
+  a.is_sparse = args.blocksparse_vert_stride > 1;
   if (a.is_sparse) {
-    for (const int64_t v : {blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
-                            blocksparse_head_sliding_step}) {
+    for (const int64_t v : {args.blocksparse_local_blocks, args.blocksparse_vert_stride, args.blocksparse_block_size,
+                            args.blocksparse_head_sliding_step}) {
       TORCH_CHECK_VALUE(v >= INT_MIN && v <= INT_MAX, op, ": blocksparse argument ", v, " is outside int");
     }
-    a.sparse = kpa_block_sparse{static_cast<int>(blocksparse_local_blocks), static_cast<int>(blocksparse_vert_stride),
-                                static_cast<int>(blocksparse_block_size), static_cast<int>(blocksparse_head_sliding_step)};
+    a.sparse = kpa_block_sparse{static_cast<int>(args.blocksparse_local_blocks),
+                                static_cast<int>(args.blocksparse_vert_stride),
+                                static_cast<int>(args.blocksparse_block_size),
+                                static_cast<int>(args.blocksparse_head_sliding_step)};
   }
   return a;
 }
@@ -433,18 +471,15 @@ void* data_or_null(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? 
 /// Reads what the C ABI call needs: the query made contiguous (a strided view of a fused qkv
 /// tensor is gathered, num_seqs x num_heads x head_size elements), int32 tables, the scales'
 /// values (fp8 caches only: "auto" caches ignore them).
-void prepare(const char* op, Attention& a, const Launch& launch, const at::Tensor& query,
-             const at::Tensor& block_tables, const at::Tensor& seq_lens,
-             const c10::optional<at::Tensor>& alibi_slopes, const at::Tensor& k_scale, const at::Tensor& v_scale,
-             const c10::optional<at::Tensor>& query_start_loc = c10::nullopt) {
-  a.query = query.contiguous();
-  if (query_start_loc) a.query_start_loc = as_int32(op, "query_start_loc", *query_start_loc);
-  a.block_tables = as_int32(op, "block_tables", block_tables);
-  a.seq_lens = as_int32(op, "seq_lens", seq_lens);
-  if (a.has_alibi) a.alibi = alibi_slopes->contiguous();
+void prepare(const char* op, Attention& a, const Launch& launch, const AttentionArgs& args) {
+  a.query = args.query.contiguous();
+  if (args.query_start_loc) a.query_start_loc = as_int32(op, "query_start_loc", *args.query_start_loc);
+  a.block_tables = as_int32(op, "block_tables", args.block_tables);
+  a.seq_lens = as_int32(op, "seq_lens", args.seq_lens);
+  if (a.has_alibi) a.alibi = args.alibi_slopes->contiguous();
   if (a.cache_dtype == KPA_FP8_E4M3 || a.cache_dtype == KPA_FP8_E5M2) {
-    a.k_scale = scale_value(op, k_scale, launch);
-    a.v_scale = scale_value(op, v_scale, launch);
+    a.k_scale = scale_value(op, args.k_scale, launch);
+    a.v_scale = scale_value(op, args.v_scale, launch);
   }
 }
 
@@ -456,14 +491,16 @@ void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tens
                         int64_t tp_rank, int64_t blocksparse_local_blocks, int64_t blocksparse_vert_stride,
                         int64_t blocksparse_block_size, int64_t blocksparse_head_sliding_step) {
   constexpr const char* op = "kpa.paged_attention_v1";
-  Attention a = check_attention(op, out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens,
-                                block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank,
-                                blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
-                                blocksparse_head_sliding_step);
+  const AttentionArgs args =
+      AttentionArgs(out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens, block_size, max_seq_len,
+                    alibi_slopes, kv_cache_dtype, k_scale, v_scale)
+          .with_block_sparse(tp_rank, blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
+                             blocksparse_head_sliding_step);
+  Attention a = check_attention(op, args);
   const Where where = where_of(op, out);
   if (where == Where::Meta) return;  // the checks are the whole operator
   const Launch launch = run_on(op, where, out);
-  prepare(op, a, launch, query, block_tables, seq_lens, alibi_slopes, k_scale, v_scale);
+  prepare(op, a, launch, args);
   launch.kpa->check(launch.kpa->paged_attention_v1(
       data_or_null(out), data_or_null(a.query), a.dtype, data_or_null(key_cache), data_or_null(value_cache), a.cache_dtype,
       a.num_seqs, a.num_heads, a.num_kv_heads, a.head_size, a.num_blocks, a.block_size,
@@ -482,10 +519,12 @@ void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_l
                         int64_t blocksparse_local_blocks, int64_t blocksparse_vert_stride,
                         int64_t blocksparse_block_size, int64_t blocksparse_head_sliding_step) {
   constexpr const char* op = "kpa.paged_attention_v2";
-  Attention a = check_attention(op, out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens,
-                                block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank,
-                                blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
-                                blocksparse_head_sliding_step);
+  const AttentionArgs args =
+      AttentionArgs(out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens, block_size, max_seq_len,
+                    alibi_slopes, kv_cache_dtype, k_scale, v_scale)
+          .with_block_sparse(tp_rank, blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
+                             blocksparse_head_sliding_step);
+  Attention a = check_attention(op, args);
   TORCH_CHECK_VALUE(exp_sums.dim() == 3, op, ": exp_sums must be [num_seqs, num_heads, max_num_partitions], got ",
                     shape_of(exp_sums));
   const int64_t partitions = exp_sums.size(2);
@@ -502,7 +541,7 @@ void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_l
   const Where where = where_of(op, out);
   if (where == Where::Meta) return;
   const Launch launch = run_on(op, where, out);
-  prepare(op, a, launch, query, block_tables, seq_lens, alibi_slopes, k_scale, v_scale);
+  prepare(op, a, launch, args);
   launch.kpa->check(launch.kpa->paged_attention_v2(
       data_or_null(out), static_cast<float*>(data_or_null(exp_sums)), static_cast<float*>(data_or_null(max_logits)),
       data_or_null(tmp_out), partitions, kPartitionSize, data_or_null(a.query), a.dtype,
@@ -523,9 +562,12 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const std::string& kv_cache_dtype, const at::Tensor& k_scale, const at::Tensor& v_scale,
                      double logits_soft_cap, int64_t sliding_window, const c10::optional<at::Tensor>& sinks) {
   constexpr const char* op = "kpa.paged_attention";
-  Attention a = check_attention(op, out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens,
-                                key_cache.dim() == 5 ? key_cache.size(3) : 0, max_seq_len, alibi_slopes,
-                                kv_cache_dtype, k_scale, v_scale, 0, 0, 0, 64, 0, query_start_loc);
+  // The schema has no block_size: the cache's is taken.
+  AttentionArgs args(out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens,
+                     key_cache.dim() == 5 ? key_cache.size(3) : 0, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale,
+                     v_scale);
+  args.query_start_loc = query_start_loc;
+  Attention a = check_attention(op, args);
   TORCH_CHECK_VALUE(logits_soft_cap >= 0, op, ": logits_soft_cap must be 0 (off) or positive, got ", logits_soft_cap);
   TORCH_CHECK_VALUE(sliding_window >= 0 && sliding_window <= INT_MAX, op,
                     ": sliding_window must be 0 (off) or a positive int, got ", sliding_window);
@@ -537,7 +579,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   const Where where = where_of(op, out);
   if (where == Where::Meta) return;
   const Launch launch = run_on(op, where, out);
-  prepare(op, a, launch, query, block_tables, seq_lens, alibi_slopes, k_scale, v_scale, query_start_loc);
+  prepare(op, a, launch, args);
   const at::Tensor sink_values = sinks ? sinks->contiguous() : at::Tensor();
   kpa_attention_options options;
   launch.kpa->attention_options_init(&options);
