@@ -1,40 +1,39 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds everything and runs the whole suite.
-#   1. Host build against Kokkos 3.4.1, the oldest Kokkos kpa supports (Serial + OpenMP,
-#      <repo>/build): unit tests on both back ends, on the host path (the best inner loops of this
-#      CPU and every lesser set: portable, AVX2, AVX-512 without VBMI) and the device kernel path;
-#      every public header on its own; the C ABI from C and from Python; a kpa-bench smoke run;
-#      the installed package used by a separate project and run from its prefix.
-#   2. Against Kokkos and Kokkos Kernels 4.6.01 (<repo>/build-kokkos-4.6.01), from the release
-#      tarballs in KPA_KOKKOS_SOURCES or <repo>/../shared/deps (see scripts/bootstrap-deps.sh):
-#      the library, the unit tests, the C ABI tests, kpa-bench and the public headers as C++20,
-#      and the installed package used by a separate project; skipped, saying so, where neither
-#      folder has the tarballs.
-#   3. The PyTorch operators (scripts/python.sh --test): the package in python/ pip-installed
+# The test command: installs what is missing, builds everything and runs the whole suite, against
+# the newest Kokkos kpa is tested with and, in the sanitizer build, the fuzz target and the package
+# built from source, against the oldest:
+#   1. Host build (Serial + OpenMP, <repo>/build) against Kokkos and Kokkos Kernels 4.6.01, from
+#      the release tarballs in KPA_KOKKOS_SOURCES or <repo>/../shared/deps (see
+#      scripts/bootstrap-deps.sh), or against 3.4.1, saying so, where neither folder has them: unit
+#      tests on both back ends, on the host path (the best inner loops of this CPU and every lesser
+#      set: portable, AVX2, AVX-512 without VBMI) and the device kernel path; every header on its
+#      own (C++17 and C++20); the C ABI from C and from Python; a kpa-bench smoke run; the
+#      installed package used by a separate project and run from its prefix.
+#   2. The PyTorch operators (scripts/python.sh --test): the package in python/ pip-installed
 #      against the host build on torch 2.13 from the Python package index (<repo>/.deps/torch-2.13.0,
 #      <repo>/build/python-venv-torch2: opcheck, fake tensors, torch.compile), then on the
-#      distribution's torch 1.13 with the package building libkpa from the tree itself
-#      (<repo>/build/python-from-source); each time the pytest suite.
-#   4. kpa inside vLLM (scripts/vllm.sh --test): vLLM's CPU build 0.32.0 from the Python package
+#      distribution's torch 1.13 with the package building libkpa from the tree itself against
+#      Kokkos 3.4.1 (<repo>/build/python-from-source); each time the pytest suite.
+#   3. kpa inside vLLM (scripts/vllm.sh --test): vLLM's CPU build 0.32.0 from the Python package
 #      index (<repo>/.deps/vllm-0.32.0), the package installed there with its plugin, and greedy
 #      generation with vLLM's own CPU attention backend and with kpa's compared end to end.
-#   5. Sanitizer build (<repo>/build-asan): the unit tests and the C ABI tests again, built with
-#      AddressSanitizer and UndefinedBehaviorSanitizer; any report fails the run.
-#   6. The libFuzzer target over the C ABI (scripts/fuzz.sh, <repo>/build-fuzz): a bounded run
-#      from the committed seed corpus (KPA_FUZZ_SECONDS, default 60).
-#   7. Where nvcc is found (unless KPA_SKIP_CUDA=1), CUDA build (Kokkos Serial + OpenMP + CUDA for
-#      KPA_CUDA_ARCH, default AMPERE80, <repo>/build-cuda) against Kokkos 4.6.01 where step 2 found
-#      its sources, else 3.4.1 (each with its CUDA 13 patch, scripts/patches/): the library, the
-#      unit and parity tests, kpa-bench and the public headers compiled and linked (the GPU check's
-#      programs), the unit-test binary and libkpa.so checked for machine code of that
-#      architecture (and for no kernel launched through constant memory), the installed package
-#      built by a separate project; the self-contained host libkpa (<repo>/build-self-contained:
-#      its own static Kokkos, the C ABI alone exported), its C ABI tests, alone and with the host
-#      build's libkpa started beside it in one process; the PyTorch
-#      operators' CUDA extension built against torch 2.13, the CUDA build and that host library
-#      (<repo>/build-cuda/python-venv-torch2), its libkpa checked the same way, and the pytest
-#      suite on CPU tensors with it, which must pass on a machine without a GPU; then the
-#      machine-code gates of the streaming device kernel for sm_80 and sm_90
+#   4. Sanitizer build against Kokkos 3.4.1, the oldest kpa supports (<repo>/build-asan): the unit
+#      tests and the C ABI tests again, built with AddressSanitizer and UndefinedBehaviorSanitizer;
+#      any report fails the run.
+#   5. The libFuzzer target over the C ABI (scripts/fuzz.sh, <repo>/build-fuzz, Kokkos 3.4.1): a
+#      bounded run from the committed seed corpus (KPA_FUZZ_SECONDS, default 60).
+#   6. Where nvcc is found (unless KPA_SKIP_CUDA=1), CUDA build (Kokkos Serial + OpenMP + CUDA for
+#      KPA_CUDA_ARCH, default AMPERE80, <repo>/build-cuda) against the host build's Kokkos version
+#      (each with its CUDA 13 patch, scripts/patches/): the library, the unit and parity tests,
+#      kpa-bench and the headers compiled and linked (the GPU check's programs), the unit-test
+#      binary and libkpa.so checked for machine code of that architecture (and for no kernel
+#      launched through constant memory), the installed package built by a separate project; the
+#      self-contained host libkpa (<repo>/build-self-contained: its own static Kokkos, the C ABI
+#      alone exported), its C ABI tests, alone and with the host build's libkpa started beside it
+#      in one process; the PyTorch operators' CUDA extension built against torch 2.13, the CUDA
+#      build and that host library (<repo>/build-cuda/python-venv-torch2), its libkpa checked the
+#      same way, and the pytest suite on CPU tensors with it, which must pass on a machine without
+#      a GPU; then the machine-code gates of the device kernel for sm_80 and sm_90
 #      (scripts/device-gates.sh: NVIDIA's cuobjdump from the Python package index). On a machine
 #      with an NVIDIA GPU of the build's major version the CUDA build's tests and the pytest suite
 #      on CUDA tensors run too (other GPUs: scripts/gpu-check.sh).
@@ -46,47 +45,43 @@ log() { printf '[kpa test] %s\n' "$*" >&2; }
 # OMP_PROC_BIND=false: tests share the cores with each other; two threads exercise team sizes > 1.
 run_ctest() { (cd "$1" && OMP_NUM_THREADS=2 OMP_PROC_BIND=false ctest -j "$(nproc)" --output-on-failure "${@:2}"); }
 
+# The newest Kokkos where its sources are here (bootstrap-deps.sh exits 3 where they are not).
+status=0
+KPA_KOKKOS_VERSION=4.6.01 "$repo/scripts/bootstrap-deps.sh" >/dev/null || status=$?
+case "$status" in
+  0) newest=4.6.01 ;;
+  3) newest=3.4.1; log "Kokkos 4.6.01's sources are not here (see above): the host and CUDA builds take Kokkos 3.4.1" ;;
+  *) exit "$status" ;;
+esac
+# Every step below takes this Kokkos unless it names 3.4.1.
+export KPA_KOKKOS_VERSION=$newest
+
 build=${BUILD_DIR:-$repo/build}
-log "host build against Kokkos 3.4.1 in $build"
-BUILD_DIR=$build KPA_KOKKOS_VERSION=3.4.1 "$repo/scripts/build.sh"
+log "host build against Kokkos $newest in $build"
+BUILD_DIR=$build "$repo/scripts/build.sh"
 run_ctest "$build"
 
-kokkos4_build=${KOKKOS4_BUILD_DIR:-$repo/build-kokkos-4.6.01}
-log "host build against Kokkos 4.6.01 in $kokkos4_build"
-kokkos4=0
-# What differs by Kokkos version: the library, its tests, kpa-bench (Kokkos Kernels' gemm), the
-# headers as C++20; the parity tests and the Google Benchmark programs are the 3.4.1 build's.
-BUILD_DIR=$kokkos4_build KPA_KOKKOS_VERSION=4.6.01 "$repo/scripts/build.sh" kpa kpa-unit-tests kpa-c-api-test \
-  kpa-bench kpa-decode kpa-header-checks-cxx20 || kokkos4=$?
-case "$kokkos4" in
-  0) run_ctest "$kokkos4_build" -E '^kpa[.]parity$' ;;
-  3) log "Kokkos 4.6.01's sources are not here (see above): the build against it is skipped" ;;
-  *) exit "$kokkos4" ;;
-esac
-
 log "PyTorch operators (python/): pip install against the host build, then pytest (torch 2.13)"
-BUILD_DIR=$build KPA_KOKKOS_VERSION=3.4.1 "$repo/scripts/python.sh" --torch2 --test
-log "PyTorch operators again on torch 1.13, the package building libkpa itself (pip install without an installed kpa)"
+BUILD_DIR=$build "$repo/scripts/python.sh" --torch2 --test
+log "PyTorch operators again on torch 1.13, the package building libkpa itself against Kokkos 3.4.1"
 BUILD_DIR=$build/python-from-source KPA_KOKKOS_VERSION=3.4.1 "$repo/scripts/python.sh" --test
 
 log "kpa as vLLM's attention backend: vLLM's CPU build, end to end"
 BUILD_DIR=$build "$repo/scripts/vllm.sh" --test
 
 asan_build=${ASAN_BUILD_DIR:-$repo/build-asan}
-log "sanitizer build (address, undefined) in $asan_build"
+log "sanitizer build (address, undefined) against Kokkos 3.4.1 in $asan_build"
 BUILD_DIR=$asan_build KPA_KOKKOS_VERSION=3.4.1 "$repo/scripts/build.sh" --sanitize
 run_ctest "$asan_build"
 
 log "fuzzing the C ABI (${KPA_FUZZ_SECONDS:-60} s)"
-"$repo/scripts/fuzz.sh"
+KPA_KOKKOS_VERSION=3.4.1 "$repo/scripts/fuzz.sh"
 
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
 if [ "${KPA_SKIP_CUDA:-0}" = 1 ] || ! command -v nvcc >/dev/null; then
   log "no nvcc (or KPA_SKIP_CUDA=1): CUDA build skipped"
   exit 0
 fi
-# Every CUDA step below (build.sh, python.sh, device-gates.sh) takes the same Kokkos.
-if [ "$kokkos4" = 0 ]; then export KPA_KOKKOS_VERSION=4.6.01; else export KPA_KOKKOS_VERSION=3.4.1; fi
 cuda_build=${CUDA_BUILD_DIR:-$repo/build-cuda}
 arch=${KPA_CUDA_ARCH:-AMPERE80}
 log "CUDA build ($arch, Kokkos $KPA_KOKKOS_VERSION) in $cuda_build"
@@ -110,7 +105,7 @@ objdump -p "$package"/_torch_ops*.so | grep -q 'NEEDED.*libc10_cuda' ||
 python3 "$repo/scripts/check_device_code.py" --arch "${arch//[!0-9]/}" --no-constant-memory-launch \
   "$cuda_build/unit_tests/kpa-unit-tests" "$cuda_build/perf_tests/kpa-bench" "$(readlink -f "$cuda_build/libkpa.so")" \
   "$package/libkpa.so"
-log "machine-code gates of the streaming device kernel (sm_80, sm_90)"
+log "machine-code gates of the device kernel (sm_80, sm_90)"
 CUDA_BUILD_DIR=$cuda_build "$repo/scripts/device-gates.sh" "$(readlink -f "$cuda_build/libkpa.so")"
 gpu_sm=$("$repo/scripts/gpu-sm.sh")
 build_sm=${arch//[!0-9]/}
