@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""kpa's performance report: measurements kept with the machine, command and commit that made them
+(docs/measurements/*.json), and docs/performance.md written from them alone.
+
+    scripts/performance_report.py bench [KPA_BENCH_ARGS...]
+        runs kpa-bench (KPA_BENCH, default build/perf_tests/kpa-bench; no arguments: its default
+        suite) with --json, keeps its records as docs/measurements/bench-DATE-MACHINE.json, and
+        writes the report
+    scripts/performance_report.py gates [GATES_MD]
+        keeps the machine-code gates' table and model (default build-cuda/device-gates/gates.md,
+        written by scripts/device-gates.sh) as docs/measurements/device-gates.json, and writes
+        the report
+    scripts/performance_report.py render
+        writes docs/performance.md from docs/measurements/ (nothing is measured)
+
+A new measurement is a new file in docs/measurements/ and a regenerated report; the README links
+the report and quotes no figure of it.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MEASUREMENTS = REPO / "docs" / "measurements"
+REPORT = REPO / "docs" / "performance.md"
+
+
+def git(*args):
+    return subprocess.run(["git", *args], cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def commit():
+    """The commit measured, marked when the working tree differs from it."""
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
+
+
+def cpu_machine():
+    """The CPU's model name, its core count and the widest vector instructions it has."""
+    model, flags = "unknown CPU", set()
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown CPU":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    sets = [name for name, flag in (("AMX-BF16", "amx_bf16"), ("AVX-512 BF16", "avx512_bf16"),
+                                    ("AVX-512 VBMI", "avx512vbmi"), ("AVX-512", "avx512f"), ("AVX2", "avx2"))
+            if flag in flags]
+    return f"{model}, {os.cpu_count()} cores, {', '.join(sets) if sets else 'no AVX2'}"
+
+
+def gpu_machine():
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], check=True,
+                               capture_output=True, text=True).stdout.split("\n")
+        return names[0].strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def slug(text):
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:48]
+
+
+def keep(kind, machine, command, payload):
+    now = datetime.datetime.now(datetime.timezone.utc)
+    entry = {"kind": kind, "machine": machine, "command": command, "commit": commit(),
+             "date": now.strftime("%Y-%m-%d %H:%M UTC"), **payload}
+    MEASUREMENTS.mkdir(parents=True, exist_ok=True)
+    name = "device-gates.json" if kind == "gates" else f"bench-{now:%Y%m%d-%H%M}-{slug(machine)}.json"
+    (MEASUREMENTS / name).write_text(json.dumps(entry, indent=1) + "\n")
+    print(f"kept {MEASUREMENTS.relative_to(REPO) / name}")
+
+
+def record_bench(args):
+    bench = os.environ.get("KPA_BENCH", str(REPO / "build" / "perf_tests" / "kpa-bench"))
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "records.json"
+        subprocess.run([bench, *args, "--json", str(out)], check=True)
+        records = json.loads(out.read_text())
+    on_gpu = any(r.get("execution_space") == "Cuda" for r in records)
+    machine = (gpu_machine() if on_gpu else None) or cpu_machine()
+    environment = " ".join(f"{v}={os.environ[v]}" for v in ("OMP_NUM_THREADS", "OMP_PROC_BIND") if v in os.environ)
+    command = " ".join(filter(None, [environment, shlex.join([os.path.relpath(bench, REPO), *args])]))
+    keep("bench", machine, command, {"records": records})
+
+
+def record_gates(path):
+    text = Path(path).read_text()
+    if not text.startswith("| arch | rows |"):
+        sys.exit(f"{path} is not the gates' markdown (scripts/device-gates.sh writes it)")
+    keep("gates", "no GPU: machine code read by cuobjdump", "scripts/device-gates.sh build-cuda/libkpa.so",
+         {"markdown": text})
+
+
+def percent(value):
+    return "-" if value is None else f"{value:.1f}"
+
+
+def workload(r):
+    cache = r["kv_cache_dtype"] if r["kv_cache_dtype"] != "auto" else r["dtype"]
+    return (f"{r['name']} ({r['batch_size']} x {r['seq_len']}, {r['num_query_heads']}/{r['num_kv_heads']} heads, "
+            f"d{r['head_size']}, {cache} cache, blocks of {r['block_size']})")
+
+
+def bench_section(entry):
+    records = entry["records"]
+    first = records[0] if records else {}
+    lines = [f"### {entry['machine']}", "",
+             f"{entry['date']}, commit `{entry['commit']}`, kpa {first.get('kpa_version', '?')} on "
+             f"Kokkos::{first.get('execution_space', '?')}:", "", "```sh", entry["command"], "```", ""]
+    if first.get("machine_read_gbps"):
+        lines += [f"Limits measured in the same run: read {first['machine_read_gbps']:.1f} GB/s, FMA "
+                  f"{first['machine_fma_gflops']:.0f} GFLOP/s ({first.get('machine_probes', '?')} probes).", ""]
+    lines += ["| workload | median | % of read bandwidth | % of the paged read | % of roofline | plan |",
+              "|---|---|---|---|---|---|"]
+    for r in records:
+        median = r["median_us"]
+        time = f"{median / 1000:.2f} ms" if median >= 1000 else f"{median:.0f} us"
+        lines.append(f"| {workload(r)} | {time} | {percent(r.get('bandwidth_pct'))} | {percent(r.get('paged_pct'))} | "
+                     f"{percent(r.get('roofline_pct'))} | `{r.get('plan', '')}` |")
+    return lines + [""]
+
+
+def gates_section(entry):
+    table, _, model = entry["markdown"].partition("\n\n")
+    rows = [line for line in table.splitlines() if line.startswith("| sm_")]
+    failing = sum(1 for line in rows if not line.rstrip(" |").split("|")[-1].strip().startswith("pass"))
+    lines = [f"{entry['date']}, commit `{entry['commit']}` ({entry['machine']}):", "", "```sh", entry["command"], "```",
+             "", f"{len(rows)} instantiations, {failing} failing.", "", table.rstrip(), ""]
+    if model.strip():
+        lines += ["The bytes-in-flight model's prediction for the default suite (a model, not a measurement; its",
+                  "plans come from the launch planner):", "", model.rstrip(), ""]
+    return lines
+
+
+def render():
+    entries = [json.loads(p.read_text()) for p in sorted(MEASUREMENTS.glob("*.json"))]
+    benches = sorted((e for e in entries if e["kind"] == "bench"), key=lambda e: e["date"], reverse=True)
+    gates = [e for e in entries if e["kind"] == "gates"]
+    lines = ["# kpa performance", "",
+             "Generated by `scripts/performance_report.py render` from `docs/measurements/`; do not edit. Each",
+             "run is one invocation on one machine (machines are shared, so compare within a table);",
+             "`scripts/performance_report.py bench` adds one. Columns as `kpa-bench --help` defines them:",
+             "% of read bandwidth = K/V bytes per second / the read bandwidth measured in the same run;",
+             "% of the paged read = against a plain loop reading the same blocks in the same order;",
+             "% of roofline = the larger of bytes / bandwidth and FLOP / FMA throughput, / the time.", "",
+             "## kpa-bench", ""]
+    for entry in benches:
+        lines += bench_section(entry)
+    if not benches:
+        lines += ["No run kept yet.", ""]
+    lines += ["## Machine-code gates of the device kernel", "",
+              "Every CUDA instantiation of the attention kernel, read from the CUDA build's machine code",
+              "(see the README's CUDA section for what each gate requires).", ""]
+    for entry in gates:
+        lines += gates_section(entry)
+    if not gates:
+        lines += ["No run kept yet.", ""]
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text("\n".join(lines).rstrip() + "\n")
+    print(f"wrote {REPORT.relative_to(REPO)}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("bench", help="run kpa-bench and keep its records").add_argument("args", nargs=argparse.REMAINDER)
+    sub.add_parser("gates", help="keep the gates' table").add_argument(
+        "path", nargs="?", default=str(REPO / "build-cuda" / "device-gates" / "gates.md"))
+    sub.add_parser("render", help="write docs/performance.md")
+    options = parser.parse_args()
+    if options.action == "bench":
+        record_bench(options.args)
+    elif options.action == "gates":
+        record_gates(options.path)
+    render()
+
+
+if __name__ == "__main__":
+    main()
