@@ -99,8 +99,29 @@ def record_gates(path):
     text = Path(path).read_text()
     if not text.startswith("| arch | rows |"):
         sys.exit(f"{path} is not the gates' markdown (scripts/device-gates.sh writes it)")
-    keep("gates", "no GPU: machine code read by cuobjdump", "scripts/device-gates.sh build-cuda/libkpa.so",
-         {"markdown": text})
+    build = Path(path).resolve().parent.parent
+    keep("gates", f"no GPU: machine code read by cuobjdump; {cuda_build(build)}",
+         f"scripts/device-gates.sh {build.name}/libkpa.so", {"markdown": text})
+
+
+def cuda_build(build):
+    """The Kokkos and nvcc a CUDA build directory was configured with."""
+    kokkos, nvcc = "Kokkos unknown", "nvcc unknown"
+    cache = build / "CMakeCache.txt"
+    if cache.exists():
+        values = dict(re.findall(r"^(Kokkos_DIR|CMAKE_CUDA_COMPILER):\w+=(.*)$", cache.read_text(), re.M))
+        version = Path(values.get("Kokkos_DIR", "")) / "KokkosConfigVersion.cmake"
+        if version.exists():
+            found = re.search(r'set\(PACKAGE_VERSION "([^"]+)"\)', version.read_text())
+            kokkos = f"Kokkos {found.group(1)}" if found else kokkos
+        try:
+            out = subprocess.run([values.get("CMAKE_CUDA_COMPILER", "nvcc"), "--version"], capture_output=True,
+                                 text=True).stdout
+            found = re.search(r"release ([0-9.]+)", out)
+            nvcc = f"nvcc {found.group(1)}" if found else nvcc
+        except OSError:
+            pass
+    return f"{kokkos}, {nvcc}"
 
 
 def percent(value):
