@@ -196,13 +196,15 @@ def render():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
-    sub.add_parser("bench", help="run kpa-bench and keep its records").add_argument("args", nargs=argparse.REMAINDER)
+    sub.add_parser("bench", help="run kpa-bench and keep its records (any further arguments are kpa-bench's)")
     sub.add_parser("gates", help="keep the gates' table").add_argument(
         "path", nargs="?", default=str(REPO / "build-cuda" / "device-gates" / "gates.md"))
     sub.add_parser("render", help="write docs/performance.md")
-    options = parser.parse_args()
+    options, bench_args = parser.parse_known_args()
+    if bench_args and options.action != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(bench_args)}")
     if options.action == "bench":
-        record_bench(options.args)
+        record_bench(bench_args)
     elif options.action == "gates":
         record_gates(options.path)
     render()
