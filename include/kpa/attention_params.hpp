@@ -42,7 +42,8 @@ struct AttentionParams {
   /// Blocks wholly outside the window are not read.
   int sliding_window = 0;
   /// Read block_tables and seq_lens once before the launch to check every index the kernels
-  /// will follow (see README, "Input checks"). Turn off only when the caller guarantees them.
+  /// will follow (see README, "Using kpa from C++", Errors). Turn off only when the caller
+  /// guarantees them.
   bool check_indices = true;
 };
 
