@@ -36,6 +36,8 @@ if [ "$sanitize" = 1 ]; then
   # -O1, the sanitizers' usual level (the UBSan checks left out: KPA_UBSAN_LEFT_OUT, CMakeLists.txt).
   extra+=(-DKPA_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG"
           -DKPA_ENABLE_BENCHMARKS=OFF -DKPA_ENABLE_EXAMPLES=OFF)
+  # One host space for the typed tests: the host build runs them on every space.
+  extra+=(-DKPA_TEST_SPACES="${KPA_TEST_SPACES:-Kokkos::OpenMP}")
   [ "$#" -gt 0 ] || set -- kpa-unit-tests kpa-c-api-test
 elif [ "$self_contained" = 1 ]; then
   build=${BUILD_DIR:-$repo/build-self-contained}

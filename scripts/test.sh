@@ -18,14 +18,15 @@
 #      index (<repo>/.deps/vllm-0.32.0), the package installed there with its plugin, and greedy
 #      generation with vLLM's own CPU attention backend and with kpa's compared end to end.
 #   4. Sanitizer build against Kokkos 3.4.1, the oldest kpa supports (<repo>/build-asan): the unit
-#      tests and the C ABI tests again, built with AddressSanitizer and UndefinedBehaviorSanitizer;
-#      any report fails the run.
+#      tests (their typed tests on OpenMP, whose threads share the memory the sanitizers watch) and
+#      the C ABI tests again, built with AddressSanitizer and UndefinedBehaviorSanitizer; any
+#      report fails the run.
 #   5. The libFuzzer target over the C ABI (scripts/fuzz.sh, <repo>/build-fuzz, Kokkos 3.4.1): a
 #      bounded run from the committed seed corpus (KPA_FUZZ_SECONDS, default 60).
 #   6. Where nvcc is found (unless KPA_SKIP_CUDA=1), CUDA build (Kokkos Serial + OpenMP + CUDA for
 #      KPA_CUDA_ARCH, default AMPERE80, <repo>/build-cuda) against the host build's Kokkos version
 #      (each with its CUDA 13 patch, scripts/patches/): the library, the unit and parity tests,
-#      kpa-bench and the headers compiled and linked (the GPU check's programs), the unit-test
+#      kpa-bench and the headers (C++17) compiled and linked (the GPU check's programs), the unit-test
 #      binary and libkpa.so checked for machine code of that architecture (and for no kernel
 #      launched through constant memory), the installed package built by a separate project; the
 #      self-contained host libkpa (<repo>/build-self-contained: its own static Kokkos, the C ABI
@@ -85,9 +86,10 @@ fi
 cuda_build=${CUDA_BUILD_DIR:-$repo/build-cuda}
 arch=${KPA_CUDA_ARCH:-AMPERE80}
 log "CUDA build ($arch, Kokkos $KPA_KOKKOS_VERSION) in $cuda_build"
-# What the GPU check runs, and the headers; the Google Benchmark programs are the host build's.
+# What the GPU check runs, and every header as C++17 (the host build compiles them as C++20 too);
+# the Google Benchmark programs are the host build's.
 BUILD_DIR=$cuda_build "$repo/scripts/build.sh" --cuda kpa kpa-unit-tests kpa-parity-tests kpa-bench kpa-decode \
-  kpa-header-checks kpa-header-checks-cxx20
+  kpa-header-checks
 
 host_build=$repo/build-self-contained
 log "the CUDA package's host library: a libkpa with its own Kokkos, in $host_build, and its C ABI tests"
