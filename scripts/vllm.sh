@@ -13,7 +13,8 @@
 #   --test        the end-to-end tests (python/tests/test_vllm_backend.py): greedy generation with
 #                 vLLM's CPU attention backend and with kpa's, single process and tensor-parallel 2;
 #   --throughput  python/benchmarks/vllm_throughput.py: vLLM's offline generation throughput with
-#                 either backend, one run.
+#                 either backend, a prefill-heavy and a decode-heavy run (bf16, blocks of 128),
+#                 three rounds each, alternating which backend goes first.
 # The environment: <repo>/.deps/vllm-VERSION, e.g. `.deps/vllm-0.32.0/bin/python -m
 # vllm.entrypoints.openai.api_server --model MODEL --attention-backend CUSTOM` (an OpenAI-compatible
 # server with kpa's backend).

@@ -9,11 +9,17 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace kpa {
 
 std::string_view to_string(HostIsa isa) {
   switch (isa) {
+    case HostIsa::AmxModel: return "amx-model";
+    case HostIsa::Amx: return "amx";
     case HostIsa::Avx512Vbmi: return "avx512vbmi";
     case HostIsa::Avx512: return "avx512";
     case HostIsa::Avx2: return "avx2";
@@ -28,11 +34,24 @@ HostIsa parse_host_isa(std::string_view name) {
   if (name == "avx2") return HostIsa::Avx2;
   if (name == "avx512") return HostIsa::Avx512;
   if (name == "avx512vbmi") return HostIsa::Avx512Vbmi;
+  if (name == "amx") return HostIsa::Amx;
+  if (name == "amx-model") return HostIsa::AmxModel;
   throw Error("kpa: unknown host instruction set '" + std::string(name) +
-              "' (expected 'portable', 'avx2', 'avx512' or 'avx512vbmi')");
+              "' (expected 'portable', 'avx2', 'avx512', 'avx512vbmi', 'amx' or 'amx-model')");
 }
 
 namespace detail {
+namespace {
+bool tile_state_granted() {
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
 HostIsa cpu_host_isa() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   // AVX2, FMA and F16C, and the operating system saving the YMM registers; then AVX-512 F, BW,
@@ -50,7 +69,11 @@ HostIsa cpu_host_isa() {
     if (((b >> 5) & 1u) == 0) return HostIsa::Portable;
     const bool avx512 = ((b >> 16) & 1u) && ((b >> 17) & 1u) && ((b >> 30) & 1u) && ((b >> 31) & 1u);
     if (!avx512 || (xcr0 & 0xe0u) != 0xe0u) return HostIsa::Avx2;
-    return ((c >> 1) & 1u) ? HostIsa::Avx512Vbmi : HostIsa::Avx512;
+    if (((c >> 1) & 1u) == 0) return HostIsa::Avx512;
+    // AMX-TILE and AMX-BF16, the tile state enabled (XCR0 bits 17 and 18), and the kernel's
+    // permission for this process to use it (Linux: arch_prctl ARCH_REQ_XCOMP_PERM).
+    const bool amx = ((d >> 24) & 1u) && ((d >> 22) & 1u) && (xcr0 & 0x60000u) == 0x60000u;
+    return amx && tile_state_granted() ? HostIsa::Amx : HostIsa::Avx512Vbmi;
   }();
   return isa;
 #else
@@ -60,11 +83,22 @@ HostIsa cpu_host_isa() {
 
 HostIsa best_host_isa() { return std::min(cpu_host_isa(), compiled_host_isa()); }
 
+bool host_isa_runs(HostIsa isa, HostIsa best) {
+  if (isa == HostIsa::AmxModel) return best >= HostIsa::Avx2;
+  return isa <= best;
+}
+
+HostIsa vector_isa(HostIsa isa) {
+  if (isa == HostIsa::Amx) return HostIsa::Avx512Vbmi;
+  if (isa == HostIsa::AmxModel) return HostIsa::Avx2;
+  return isa;
+}
+
 HostIsa chosen_host_isa(HostIsa best) {
   const char* name = std::getenv("KPA_HOST_ISA");
   if (name == nullptr || *name == '\0') return best;
   const HostIsa isa = parse_host_isa(name);
-  if (isa > best) {
+  if (!host_isa_runs(isa, best)) {
     throw Error(std::string("kpa: KPA_HOST_ISA=") + name + " is not available here (best: " +
                 std::string(to_string(best)) + ")");
   }

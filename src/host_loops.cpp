@@ -15,6 +15,7 @@
 #define KPA_IMPL_X86_LOOPS 1
 #include "host_loops/avx2.hpp"
 #include "host_loops/avx512.hpp"
+#include "host_loops/amx.hpp"
 #endif
 
 #include <cstdint>
@@ -25,14 +26,43 @@ namespace kpa::detail {
 
 HostIsa compiled_host_isa() {
 #ifdef KPA_IMPL_X86_LOOPS
-  return HostIsa::Avx512Vbmi;
+  return HostIsa::Amx;
 #else
   return HostIsa::Portable;
 #endif
 }
 
+#ifdef KPA_IMPL_X86_LOOPS
+/// The AMX set's loops over the tile mapping Tiles, where the sizes suit its tiles.
+template <class Tiles, int H, class CacheT>
+void use_tile_loops(HostLoops<H, CacheT>& loops, HostIsa isa, int head_size, int block_size) {
+  if constexpr (amx::has_loops<CacheT>) {
+    if (head_size % 32 == 0 && head_size <= amx::kMaxHeadSize) {
+      loops.isa = isa;
+      loops.prepare_query = &amx::prepare_query<H>;
+      loops.block_logits = &amx::block_logits<H, CacheT, Tiles>;
+    }
+    if (amx::has_value_tiles(block_size)) {
+      loops.isa = isa;
+      loops.chunk_values = &amx::chunk_values<H, CacheT, Tiles>;
+    }
+  }
+}
+#endif
+
 template <int H, class CacheT>
 HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size) {
+  if (isa == HostIsa::Amx || isa == HostIsa::AmxModel) {
+    HostLoops<H, CacheT> loops = host_loops<H, CacheT>(vector_isa(isa), head_size, block_size);
+#ifdef KPA_IMPL_X86_LOOPS
+    if (isa == HostIsa::Amx) {
+      use_tile_loops<amx::AmxTiles>(loops, isa, head_size, block_size);
+    } else {
+      use_tile_loops<amx::TileModel>(loops, isa, head_size, block_size);
+    }
+#endif
+    return loops;
+  }
   HostLoops<H, CacheT> loops;
   loops.isa = HostIsa::Portable;
   loops.block_logits = &portable::block_logits<H, CacheT>;
@@ -68,6 +98,7 @@ HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size) {
 }
 
 RowLoops host_row_loops(HostIsa isa) {
+  isa = vector_isa(isa);
 #ifdef KPA_IMPL_X86_LOOPS
   if (isa >= HostIsa::Avx2) return {&avx2::row_soft_cap, &avx2::row_add_ramp, &avx2::row_softmax};
 #endif
@@ -77,6 +108,7 @@ RowLoops host_row_loops(HostIsa isa) {
 
 template <class T>
 RowConversions<T> host_row_conversions(HostIsa isa) {
+  isa = vector_isa(isa);
 #ifdef KPA_IMPL_X86_LOOPS
   if (isa >= HostIsa::Avx2) return {&avx2::load_row<T>, &avx2::store_row<T>};
 #endif

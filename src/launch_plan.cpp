@@ -229,7 +229,7 @@ void plan_kernel_path(const DeviceProfile& profile, const PlanOptions& options, 
   }
   plan.kernel_path = device_path ? KernelPath::Device : KernelPath::Host;
   plan.host_isa = options.host_isa.value_or(profile.host_isa);
-  if (!device_path && plan.host_isa > limits.best_host_isa) {
+  if (!device_path && !detail::host_isa_runs(plan.host_isa, limits.best_host_isa)) {
     throw UnsupportedError("kpa::plan_launch: host instruction set " + std::string(to_string(plan.host_isa)) +
                            " is not available here (best: " + std::string(to_string(limits.best_host_isa)) + ")");
   }

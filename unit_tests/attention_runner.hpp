@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace kpa_test {
@@ -77,21 +78,32 @@ void run_version(Version version, DeviceProblem<T, Space, C>& d, int partition_s
   space.fence();
 }
 
-/// The plans every attention test runs on Space: the back end's default; on host back ends
-/// whose best host instruction set is not the portable one, the host path's portable loops too
-/// (and the AVX2 ones where the best is AVX-512, and the AVX-512 ones without VBMI where the
-/// best has it);
+/// The plans every attention test runs on Space over caches of C: the back end's default; on
+/// host back ends whose best host instruction set is not the portable one, the host path's
+/// portable loops too (and every lesser vector set down to AVX2: AVX-512 without VBMI where the
+/// best has it, VBMI where the best is AMX); for bf16 and fp8 caches on CPUs without AMX, the
+/// AMX loops over the tile model (HostIsa::AmxModel), so the tile code runs on every machine;
 /// and on host back ends the device kernel path (libkpa's) with several team members (OpenMP)
 /// and vector lanes, so the GPU-shaped code runs on every machine.
 /// `base` carries a test's own overrides.
-template <class Space>
+template <class Space, class C>
 std::vector<kpa::PlanOptions> kernel_paths(const kpa::PlanOptions& base) {
   std::vector<kpa::PlanOptions> paths{base};
   if (!Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) return paths;
   const kpa::BackEndLimits limits = kpa::BackEndLimits::of(Space());
   if (base.kernel_path != kpa::PlanOptions::Path::Device) {  // every lesser instruction set
-    for (kpa::HostIsa isa : {kpa::HostIsa::Portable, kpa::HostIsa::Avx2, kpa::HostIsa::Avx512}) {
+    std::vector<kpa::HostIsa> isas;
+    for (kpa::HostIsa isa : {kpa::HostIsa::Portable, kpa::HostIsa::Avx2, kpa::HostIsa::Avx512, kpa::HostIsa::Avx512Vbmi}) {
       if (isa >= limits.best_host_isa) break;
+      if (isa == kpa::HostIsa::Avx512Vbmi && sizeof(C) != 1) continue;  // VBMI serves fp8 only
+      isas.push_back(isa);
+    }
+    constexpr bool tiled = std::is_same_v<C, kpa::bfloat16> || sizeof(C) == 1;
+    if (tiled && limits.best_host_isa != kpa::HostIsa::Amx &&
+        kpa::detail::host_isa_runs(kpa::HostIsa::AmxModel, limits.best_host_isa)) {
+      isas.push_back(kpa::HostIsa::AmxModel);
+    }
+    for (kpa::HostIsa isa : isas) {
       kpa::PlanOptions lesser = base;
       lesser.kernel_path = kpa::PlanOptions::Path::Host;
       lesser.host_isa = isa;
@@ -148,7 +160,7 @@ void check_versions(DeviceProblem<T, Space, C>& d, const HostProblem& p, int par
   kpa::Workspace<Space> workspace;
   // Several query tokens and sinks are extras of the automatic entry point only.
   const bool extras_only = !p.query_start_loc.empty() || !p.sinks.empty();
-  for (const kpa::PlanOptions& path : kernel_paths<Space>(options)) {
+  for (const kpa::PlanOptions& path : kernel_paths<Space, C>(options)) {
     for (Version version : kAllVersions) {
       if (extras_only && version != Version::Auto) continue;
       Kokkos::deep_copy(d.out, kpa::detail::from_float<T>(std::numeric_limits<float>::quiet_NaN()));

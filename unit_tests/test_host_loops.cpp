@@ -32,7 +32,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 class HostLoops : public ::testing::TestWithParam<HostIsa> {
  protected:
   void SetUp() override {
-    if (GetParam() > kpa::detail::best_host_isa()) {
+    if (!kpa::detail::host_isa_runs(GetParam(), kpa::detail::best_host_isa())) {
       GTEST_SKIP() << name_of(GetParam()) << " is not available here (best: "
                    << name_of(kpa::detail::best_host_isa()) << ")";
     }
@@ -41,17 +41,40 @@ class HostLoops : public ::testing::TestWithParam<HostIsa> {
 };
 
 INSTANTIATE_TEST_SUITE_P(AllInstructionSets, HostLoops,
-                         ::testing::Values(HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512, HostIsa::Avx512Vbmi),
-                         [](const ::testing::TestParamInfo<HostIsa>& info) { return name_of(info.param); });
+                         ::testing::Values(HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512, HostIsa::Avx512Vbmi,
+                                           HostIsa::Amx, HostIsa::AmxModel),
+                         [](const ::testing::TestParamInfo<HostIsa>& info) {
+                           std::string name = name_of(info.param);  // amx-model: amx_model
+                           for (char& c : name) c = c == '-' ? '_' : c;
+                           return name;
+                         });
 
 // The table runs the set asked for wherever that set has the loop: a test of one set never
 // measures another.
 TEST_P(HostLoops, SelectsTheSetAskedFor) {
-  const HostIsa want = isa() == HostIsa::Avx512Vbmi ? HostIsa::Avx512 : isa();  // VBMI serves fp8 only
-  EXPECT_EQ((kpa::detail::host_loops<4, kpa::half>(isa(), 128, 16).isa), want);
+  const HostIsa vector = kpa::detail::vector_isa(isa());  // the tile sets' own vector set
+  const HostIsa want = vector == HostIsa::Avx512Vbmi ? HostIsa::Avx512 : vector;  // VBMI serves fp8 only
+  EXPECT_EQ((kpa::detail::host_loops<4, kpa::half>(isa(), 128, 16).isa), want);  // tiles: bf16 and fp8
   EXPECT_EQ((kpa::detail::host_loops<4, kpa::fp8_e4m3>(isa(), 128, 16).isa), isa());
-  const HostIsa f32 = isa() > HostIsa::Avx2 ? HostIsa::Avx2 : isa();  // f32 caches: at most AVX2
+  const HostIsa f32 = vector > HostIsa::Avx2 ? HostIsa::Avx2 : vector;  // f32 caches: at most AVX2
   EXPECT_EQ((kpa::detail::host_loops<1, float>(isa(), 64, 16).isa), f32);
+  const auto bf16 = kpa::detail::host_loops<16, kpa::bfloat16>(isa(), 128, 32);
+  EXPECT_EQ(bf16.isa, isa());
+  EXPECT_EQ(bf16.prepare_query != nullptr, isa() == HostIsa::Amx || isa() == HostIsa::AmxModel);
+  // Sizes the tiles do not take (head sizes not a multiple of 32, blocks not of 16): vector loops.
+  const auto odd = kpa::detail::host_loops<16, kpa::bfloat16>(isa(), 80, 12);
+  EXPECT_EQ(odd.isa, want);
+  EXPECT_EQ(odd.prepare_query, nullptr);
+}
+
+bool tiles(HostIsa isa) { return isa == HostIsa::Amx || isa == HostIsa::AmxModel; }
+
+/// Runs the set's q.k on `args`, preparing the query first where the set has that step.
+template <int H, class S>
+void run_block_logits(const kpa::detail::HostLoops<H, S>& loops, kpa::detail::BlockLogitsArgs<S> args) {
+  if (loops.prepare_query != nullptr) args.q_tiles = loops.prepare_query(args.q, args.head_size);
+  kpa::detail::BlockPrefetcher idle;
+  loops.block_logits(args, idle);
 }
 
 // The soft cap's vectorised tanh: within 4e-7 * cap of tanh in float64 over the whole range
@@ -191,10 +214,7 @@ void check_block_logits(HostIsa isa, int block_size, int head_size) {
     for (float& v : q) v = uniform(rng);
     const int stride = block_size + 3;
     std::vector<float> logits(static_cast<std::size_t>(H) * stride, -12345.0f);
-    const kpa::detail::BlockLogitsArgs<S> args{block.keys.data(), block_size,    head_size, slots,
-                                               q.data(),          logits.data(), stride};
-    kpa::detail::BlockPrefetcher idle;
-    kernels.block_logits(args, idle);
+    run_block_logits<H, S>(kernels, {block.keys.data(), block_size, head_size, slots, q.data(), logits.data(), stride});
     for (int g = 0; g < H; ++g) {
       for (int slot = 0; slot < slots; ++slot) {
         double dot = 0.0;
@@ -276,8 +296,10 @@ TEST_P(HostLoops, F16Caches) {
   check_shapes<16, kpa::half>(isa(), {24});
 }
 TEST_P(HostLoops, Bf16Caches) {
+  check_shapes<1, kpa::bfloat16>(isa(), {256});
   check_shapes<4, kpa::bfloat16>(isa(), {8, 96});
   check_shapes<6, kpa::bfloat16>(isa(), {16});
+  check_shapes<16, kpa::bfloat16>(isa(), {64});
 }
 TEST_P(HostLoops, Fp8Caches) {
   check_shapes<1, kpa::fp8_e4m3>(isa(), {16, 48});
@@ -356,13 +378,17 @@ TEST_P(HostLoops, RowConversionsMatchTheScalarOnes) {
 template <class S>
 void check_codes(HostIsa isa, const std::vector<unsigned>& codes) {
   using Bits = decltype(S{}.bits);
-  constexpr int kHeadSize = 16, kBlockSize = 16;
+  constexpr int kHeadSize = 32, kBlockSize = 16;  // q.k and p.V both on tiles in the tile sets
   constexpr int kX = static_cast<int>(16 / sizeof(S));  // elements of a key vector
   const auto kernels = kpa::detail::host_loops<1, S>(isa, kHeadSize, kBlockSize);
   kpa::detail::BlockPrefetcher idle;
   for (unsigned code : codes) {
     const S coded{static_cast<Bits>(code)};
-    const float expected = kpa::to_float(coded);
+    float expected = kpa::to_float(coded);
+    // The tile sets' contract (amx.hpp): values below 2^-126 count as zero; an infinity meets
+    // the zero parts of the one-hot operand and gives NaN.
+    if (tiles(isa) && std::isless(std::fabs(expected), 0x1p-126f)) expected = 0.0f;
+    if (tiles(isa) && std::isinf(expected)) expected = kNan;
     for (int lane = 0; lane < 16; ++lane) {
       const std::string where = name_of(isa) + " code " + std::to_string(code) + " lane " + std::to_string(lane);
       // q.k: blocks of one slot and of 16 (whose key vectors are widened 32 codes at a time),
@@ -373,7 +399,7 @@ void check_codes(HostIsa isa, const std::vector<unsigned>& codes) {
         std::vector<S> keys(static_cast<std::size_t>(kHeadSize) * slots, S{0});
         for (int slot = 0; slot < slots; ++slot) keys[((lane / kX) * slots + slot) * kX + lane % kX] = coded;
         std::vector<float> logits(slots, -1.0f);
-        kernels.block_logits({keys.data(), slots, kHeadSize, slots, q.data(), logits.data(), slots}, idle);
+        run_block_logits<1, S>(kernels, {keys.data(), slots, kHeadSize, slots, q.data(), logits.data(), slots});
         for (int slot = 0; slot < slots; ++slot) {
           if (std::isnan(expected)) {
             EXPECT_TRUE(std::isnan(logits[slot])) << where << " slots " << slots << " slot " << slot;

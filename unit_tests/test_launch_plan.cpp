@@ -500,7 +500,8 @@ TEST(LaunchPlan, HostInstructionSetsParseAndAreNeverMoreThanTheBest) {
   std::ostringstream printed;
   printed << HostIsa::Avx512Vbmi << ' ' << HostIsa::Portable;
   EXPECT_EQ(printed.str(), "avx512vbmi portable");
-  for (HostIsa isa : {HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512, HostIsa::Avx512Vbmi}) {
+  for (HostIsa isa :
+       {HostIsa::Portable, HostIsa::Avx2, HostIsa::Avx512, HostIsa::Avx512Vbmi, HostIsa::Amx, HostIsa::AmxModel}) {
     EXPECT_EQ(kpa::parse_host_isa(kpa::to_string(isa)), isa);
   }
   EXPECT_THROW(kpa::parse_host_isa("avx512f"), kpa::Error);
@@ -517,6 +518,16 @@ TEST(LaunchPlan, HostInstructionSetsParseAndAreNeverMoreThanTheBest) {
   ::setenv("KPA_HOST_ISA", "avx512vbmi", 1);
   EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx512Vbmi), HostIsa::Avx512Vbmi);
   EXPECT_THROW(kpa::detail::chosen_host_isa(HostIsa::Avx512), kpa::Error);
+  ::setenv("KPA_HOST_ISA", "amx", 1);
+  EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Amx), HostIsa::Amx);
+  EXPECT_THROW(kpa::detail::chosen_host_isa(HostIsa::Avx512Vbmi), kpa::Error);
+  // The tile model runs wherever AVX2 does, under any better set too; never without AVX2.
+  ::setenv("KPA_HOST_ISA", "amx-model", 1);
+  EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx2), HostIsa::AmxModel);
+  EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Amx), HostIsa::AmxModel);
+  EXPECT_THROW(kpa::detail::chosen_host_isa(HostIsa::Portable), kpa::Error);
+  EXPECT_EQ(kpa::detail::vector_isa(HostIsa::AmxModel), HostIsa::Avx2);
+  EXPECT_EQ(kpa::detail::vector_isa(HostIsa::Amx), HostIsa::Avx512Vbmi);
   ::unsetenv("KPA_HOST_ISA");
   EXPECT_EQ(kpa::detail::chosen_host_isa(HostIsa::Avx2), HostIsa::Avx2);
 

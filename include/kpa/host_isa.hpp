@@ -16,11 +16,18 @@ enum class HostIsa {
   /// AVX-512 with VBMI as well (Ice Lake, Zen 4 and later): fp8 codes widened through byte
   /// lookups; other caches run the Avx512 loops.
   Avx512Vbmi,
+  /// Avx512Vbmi with AMX-BF16 tiles (Sapphire Rapids and later, where the kernel grants the
+  /// process the tile state): q.k and p.V as tile products for bf16 and fp8 caches.
+  Amx,
+  /// Not a level of the CPU: Amx's tile loops over a software model of the tile instructions, with
+  /// AVX2 around them, so the AMX code runs on any AVX2 CPU (for tests; never chosen by itself).
+  AmxModel,
 };
 
 std::string_view to_string(HostIsa isa);
 std::ostream& operator<<(std::ostream& os, HostIsa isa);
-/// "portable", "avx2", "avx512" or "avx512vbmi"; throws kpa::Error for anything else.
+/// "portable", "avx2", "avx512", "avx512vbmi", "amx" or "amx-model"; throws kpa::Error for
+/// anything else.
 HostIsa parse_host_isa(std::string_view name);
 
 namespace detail {
@@ -30,7 +37,13 @@ HostIsa cpu_host_isa();
 HostIsa compiled_host_isa();
 /// The best set this process runs: the lesser of the two above.
 HostIsa best_host_isa();
-/// `best`, or the environment variable KPA_HOST_ISA when set (kpa::Error if it names a better one).
+/// Whether loops of `isa` run where `best` is the best set: every set up to `best`, and
+/// AmxModel wherever AVX2 runs.
+bool host_isa_runs(HostIsa isa, HostIsa best);
+/// The vector set under `isa`'s loops (the set itself, but Avx512Vbmi for Amx, Avx2 for AmxModel).
+HostIsa vector_isa(HostIsa isa);
+/// `best`, or the environment variable KPA_HOST_ISA when set (kpa::Error if it names a set that
+/// does not run here).
 HostIsa chosen_host_isa(HostIsa best);
 }  // namespace detail
 

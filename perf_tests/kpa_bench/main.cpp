@@ -153,6 +153,26 @@ std::vector<Workload> default_suite() {
   return suite;
 }
 
+/// Prefill as serving engines chunk it: the last 512-token chunk of 2,048-token prompts (each
+/// query token attends the chunks before it and, causally, its own), bf16, blocks of 128, with
+/// Llama's 32/8 heads and a smaller model's 16/4.
+std::vector<Workload> prefill_suite() {
+  std::vector<Workload> suite;
+  for (auto [heads, kv_heads] : {std::pair{32, 8}, std::pair{16, 4}}) {
+    Workload w;
+    w.name = "prefill_4x2048_q512_" + std::to_string(heads) + "x" + std::to_string(kv_heads) + "_bf16_block128";
+    w.batch_size = 4;
+    w.seq_len = 2048;
+    w.query_len = 512;
+    w.num_query_heads = heads;
+    w.num_kv_heads = kv_heads;
+    w.dtype = "bfloat16";
+    w.block_size = 128;
+    suite.push_back(w);
+  }
+  return suite;
+}
+
 /// CLI11's check of a whole number of at least `least`.
 CLI::Validator whole_number(long least) {
   return CLI::Validator(
@@ -197,10 +217,12 @@ Options parse(int argc, char** argv) {
   Options o;
   Workload w;
   std::string seq_len = std::to_string(w.seq_len), device_profile;
-  CLI::App app("kpa-bench: decode-step paged attention against the machine's limits and the baselines.\n"
-               "With no workload option it runs the default suite (a Llama-style batch, the 100K-token\n"
-               "long-context case, a single-tile batch, the Llama batch with an fp8 cache; the first three\n"
-               "again in bf16; the Llama batch in blocks of 128, f16 and bf16).");
+  CLI::App app("kpa-bench: paged attention against the machine's limits and the baselines.\n"
+               "With no workload option it runs a suite: the decode suite by default (a Llama-style batch,\n"
+               "the 100K-token long-context case, a single-tile batch, the Llama batch with an fp8 cache; the\n"
+               "first three again in bf16; the Llama batch in blocks of 128, f16 and bf16), or with --suite\n"
+               "prefill the last 512-token chunk of four 2,048-token prompts (32/8 and 16/4 heads, bf16,\n"
+               "blocks of 128).");
   app.allow_extras();  // Kokkos' own --kokkos-* options
   const std::string workload = "Workload (any of these selects a custom run; lists and ranges make a sweep)";
   const std::vector<CLI::Option*> workload_options = {
@@ -238,6 +260,11 @@ Options parse(int argc, char** argv) {
     }
   }
   const std::string run = "Run";
+  std::string suite = "decode";
+  app.add_option("--suite", suite, "the suite run when no workload option is given")
+      ->check(CLI::IsMember({"decode", "prefill"}))
+      ->group(run)
+      ->capture_default_str();
   app.add_option("--device-profile", device_profile,
                  "plan as bi-v100, host:N or NAME:SMS:OCC:SUB (sets KPA_DEVICE_PROFILE)")
       ->check(parsed_by("PROFILE", [](const std::string& v) { kpa::DeviceProfile::from_name(v); }))
@@ -285,7 +312,7 @@ Options parse(int argc, char** argv) {
       o.workloads.push_back(one);
     }
   } else {
-    o.workloads = default_suite();
+    o.workloads = suite == "prefill" ? prefill_suite() : default_suite();
   }
   return o;
 }

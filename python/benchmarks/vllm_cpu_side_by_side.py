@@ -1,7 +1,7 @@
 """kpa's CPU attention and vLLM's own CPU attention kernel side by side: the same decode steps
-(shapes, dtypes, block sizes), each cache written through its own kernel's reshape_and_cache from
-the same keys and values, timed in one run with cold caches, and both checked against one float64
-reference first.
+(shapes, dtypes, block sizes) and prefill chunks (the last 512 query tokens of 2,048-token prompts,
+causal), each cache written through its own kernel's reshape_and_cache from the same keys and
+values, timed in one run with cold caches, and both checked against one float64 reference first.
 
     scripts/vllm.sh                          # once: vLLM's CPU build and kpa in .deps/vllm-0.32.0
     OMP_NUM_THREADS=2 .deps/vllm-0.32.0/bin/python python/benchmarks/vllm_cpu_side_by_side.py
@@ -31,6 +31,11 @@ SHAPES = {
     "single_tile_64x512": (64, 512, 32, 8, 128),
     "one_1x8192": (1, 8192, 32, 8, 128),
 }
+# name: (sequences, tokens, query tokens per sequence, query heads, kv heads, head size)
+PREFILL_SHAPES = {
+    "prefill_4x2048_q512_32x8": (4, 2048, 512, 32, 8, 128),
+    "prefill_4x2048_q512_16x4": (4, 2048, 512, 16, 4, 128),
+}
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -40,17 +45,23 @@ def vllm_isa(dtype, block_size, head_size):
 
 
 class Step:
-    """One decode step's inputs, with both kernels' caches written from the same keys and values."""
+    """One step's inputs (`queries` tokens per sequence: 1 for decode, a prefill chunk's tokens,
+    the last of the sequence, causal among themselves), with both kernels' caches written from
+    the same keys and values."""
 
-    def __init__(self, seqs, tokens, heads, kv_heads, head, dtype, block_size, seed=0):
+    def __init__(self, seqs, tokens, heads, kv_heads, head, dtype, block_size, seed=0, queries=1):
         g = torch.Generator().manual_seed(seed)
         self.heads, self.kv_heads, self.head, self.block_size = heads, kv_heads, head, block_size
+        self.queries = queries
         self.seq_lens = torch.full((seqs,), tokens, dtype=torch.int32)
         blocks_per_seq = math.ceil(tokens / block_size)
         num_blocks = seqs * blocks_per_seq
         self.block_table = torch.randperm(num_blocks, generator=g).to(torch.int32).view(seqs, blocks_per_seq)
-        self.query = torch.randn(seqs, heads, head, generator=g).to(dtype)
+        self.query = torch.randn(seqs * queries, heads, head, generator=g).to(dtype)
         self.scale = head ** -0.5
+        # Multiply-adds of q.k and p.V over every (query row, attended key) pair.
+        pairs = seqs * sum(tokens - queries + 1 + i for i in range(queries))
+        self.flops = 4.0 * pairs * heads * head
         self.kv_bytes = seqs * tokens * kv_heads * head * 2 * self.query.element_size()
         positions = torch.arange(tokens)
         slots = (self.block_table[:, positions // block_size].long() * block_size + positions % block_size).reshape(-1)
@@ -69,7 +80,7 @@ class Step:
         self.vllm_key, self.vllm_value = cache.chunk(2, dim=2)
         torch.ops._C.cpu_attn_reshape_and_cache(key, value, self.vllm_key, self.vllm_value, slots, self.isa, 1.0,
                                                 1.0, "auto")
-        self.query_start_loc = torch.arange(seqs + 1, dtype=torch.int32)
+        self.query_start_loc = torch.arange(seqs + 1, dtype=torch.int32) * queries
         self.metadata = torch.ops._C.get_scheduler_metadata(seqs, heads, kv_heads, head, self.seq_lens, dtype,
                                                             self.query_start_loc, True, -1, self.isa, False, None,
                                                             "auto")
@@ -78,7 +89,8 @@ class Step:
 
     def run_kpa(self):
         kpa.paged_attention(self.kpa_out, self.query, self.kpa_key, self.kpa_value, self.kv_heads, self.scale,
-                            self.block_table, self.seq_lens, max_seq_len=self.max_seq_len)
+                            self.block_table, self.seq_lens, max_seq_len=self.max_seq_len,
+                            query_start_loc=self.query_start_loc if self.queries > 1 else None)
 
     def run_vllm(self):
         torch.ops._C.cpu_attention_with_kv_cache(self.query, self.vllm_key, self.vllm_value, self.vllm_out,
@@ -89,12 +101,15 @@ class Step:
         """float64 attention of every sequence's query over its keys and values."""
         group = self.heads // self.kv_heads
         out = torch.empty(self.query.shape, dtype=torch.float64)
-        tokens = int(self.seq_lens[0])
-        for s in range(self.query.shape[0]):
+        tokens, q = int(self.seq_lens[0]), self.queries
+        for s in range(self.query.shape[0] // q):
             k = self.key[s * tokens:(s + 1) * tokens].double().repeat_interleave(group, dim=1)  # [t, H, D]
             v = self.value[s * tokens:(s + 1) * tokens].double().repeat_interleave(group, dim=1)
-            logits = torch.einsum("hd,thd->ht", self.query[s].double(), k) * self.scale
-            out[s] = torch.einsum("ht,thd->hd", torch.softmax(logits, dim=-1), v)
+            rows = self.query[s * q:(s + 1) * q].double()  # [q, H, D]: positions tokens - q ..
+            logits = torch.einsum("qhd,thd->qht", rows, k) * self.scale
+            position = torch.arange(tokens - q, tokens).view(q, 1, 1)
+            logits = logits.masked_fill(torch.arange(tokens).view(1, 1, tokens) > position, float("-inf"))
+            out[s * q:(s + 1) * q] = torch.einsum("qht,thd->qhd", torch.softmax(logits, dim=-1), v)
         return out
 
 
@@ -133,7 +148,10 @@ def _timed(fn):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names: " + ", ".join(SHAPES))
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names (empty: none): " + ", ".join(SHAPES))
+    parser.add_argument("--prefill-shapes", default=",".join(PREFILL_SHAPES),
+                        help="comma-separated names (empty: none): " + ", ".join(PREFILL_SHAPES))
+    parser.add_argument("--prefill-block-sizes", default="128")
     parser.add_argument("--dtypes", default="f16,bf16")
     parser.add_argument("--block-sizes", default="16,128")
     parser.add_argument("--iters", type=int, default=10)
@@ -148,42 +166,65 @@ def main():
     # Both kernels against float64 on a small case of every dtype and block size.
     for dtype_name in args.dtypes.split(","):
         for block_size in (int(b) for b in args.block_sizes.split(",")):
-            step = Step(2, 300, 8, 2, 128, DTYPES[dtype_name], block_size, seed=block_size)
-            ref = step.reference()
-            step.run_kpa()
-            step.run_vllm()
-            kpa_err = (step.kpa_out.double() - ref).abs().max().item()
-            vllm_err = (step.vllm_out.double() - ref).abs().max().item()
-            tolerance = 1e-2 if dtype_name == "bf16" else 2e-3
-            print(f"check {dtype_name} block {block_size} ({step.isa}): max |error| kpa {kpa_err:.2e}, "
-                  f"vLLM {vllm_err:.2e}")
-            if kpa_err > tolerance or vllm_err > tolerance:
-                raise SystemExit(f"error above {tolerance}")
+            for queries in (1, 40):  # a decode step and a prefill chunk
+                step = Step(2, 300, 8, 2, 128, DTYPES[dtype_name], block_size, seed=block_size, queries=queries)
+                ref = step.reference()
+                step.run_kpa()
+                step.run_vllm()
+                kpa_err = (step.kpa_out.double() - ref).abs().max().item()
+                vllm_err = (step.vllm_out.double() - ref).abs().max().item()
+                tolerance = 1e-2 if dtype_name == "bf16" else 2e-3
+                print(f"check {dtype_name} block {block_size} ({step.isa}), {queries} query tokens: max |error| "
+                      f"kpa {kpa_err:.2e}, vLLM {vllm_err:.2e}")
+                if kpa_err > tolerance or vllm_err > tolerance:
+                    raise SystemExit(f"error above {tolerance}")
     if args.check_only:
         return
 
     bandwidth = read_bandwidth()
     print(f"\n{threads} threads, CPU instruction sets {kpa.host_isa()} (kpa); read bandwidth {bandwidth / 1e9:.1f} GB/s "
           f"(torch.sum over 1 GiB); cold caches, medians\n")
-    print("| shape | dtype | block | vLLM isa | vLLM us | kpa us | ratio | vLLM % read | kpa % read |")
-    print("|---|---|---|---|---|---|---|---|---|")
     flush = ColdCache()
-    for name in args.shapes.split(","):
+
+    def timed(step):
+        step.run_kpa()
+        step.run_vllm()
+        kpa_rounds, vllm_rounds = [], []
+        for r in range(args.rounds):
+            order = [("kpa", step.run_kpa), ("vllm", step.run_vllm)]
+            for which, fn in (order if r % 2 == 0 else order[::-1]):
+                (kpa_rounds if which == "kpa" else vllm_rounds).append(median_us(fn, args.iters, flush))
+        return statistics.median(kpa_rounds), statistics.median(vllm_rounds)
+
+    decode = [name for name in args.shapes.split(",") if name]
+    if decode:
+        print("| shape | dtype | block | vLLM isa | vLLM us | kpa us | ratio | vLLM % read | kpa % read |")
+        print("|---|---|---|---|---|---|---|---|---|")
+    for name in decode:
         seqs, tokens, heads, kv_heads, head = SHAPES[name]
         for dtype_name in args.dtypes.split(","):
             for block_size in (int(b) for b in args.block_sizes.split(",")):
                 step = Step(seqs, tokens, heads, kv_heads, head, DTYPES[dtype_name], block_size)
-                step.run_kpa()
-                step.run_vllm()
-                kpa_rounds, vllm_rounds = [], []
-                for r in range(args.rounds):
-                    order = [("kpa", step.run_kpa), ("vllm", step.run_vllm)]
-                    for which, fn in (order if r % 2 == 0 else order[::-1]):
-                        (kpa_rounds if which == "kpa" else vllm_rounds).append(median_us(fn, args.iters, flush))
-                kpa_us, vllm_us = statistics.median(kpa_rounds), statistics.median(vllm_rounds)
+                kpa_us, vllm_us = timed(step)
                 print(f"| {name} | {dtype_name} | {block_size} | {step.isa} | {vllm_us:.0f} | {kpa_us:.0f} "
                       f"| {vllm_us / kpa_us:.2f} | {step.kv_bytes / vllm_us / 1e3 / (bandwidth / 1e9) * 100:.0f} "
                       f"| {step.kv_bytes / kpa_us / 1e3 / (bandwidth / 1e9) * 100:.0f} |", flush=True)
+                del step
+
+    prefill = [name for name in args.prefill_shapes.split(",") if name]
+    if prefill:
+        print("\nPrefill chunks (compute-bound): GFLOP/s counts the multiply-adds of q.k and p.V over the attended pairs\n")
+        print("| shape | dtype | block | vLLM isa | vLLM us | kpa us | ratio | vLLM GFLOP/s | kpa GFLOP/s |")
+        print("|---|---|---|---|---|---|---|---|---|")
+    for name in prefill:
+        seqs, tokens, queries, heads, kv_heads, head = PREFILL_SHAPES[name]
+        for dtype_name in args.dtypes.split(","):
+            for block_size in (int(b) for b in args.prefill_block_sizes.split(",")):
+                step = Step(seqs, tokens, heads, kv_heads, head, DTYPES[dtype_name], block_size, queries=queries)
+                kpa_us, vllm_us = timed(step)
+                print(f"| {name} | {dtype_name} | {block_size} | {step.isa} | {vllm_us:.0f} | {kpa_us:.0f} "
+                      f"| {vllm_us / kpa_us:.2f} | {step.flops / vllm_us / 1e3:.1f} | {step.flops / kpa_us / 1e3:.1f} |",
+                      flush=True)
                 del step
 
 

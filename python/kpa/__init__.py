@@ -28,8 +28,8 @@ built_for_cuda = torch.ops.kpa.built_for_cuda()
 
 
 def host_isa() -> str:
-    """The instruction set of the host kernels the operators run ("avx512vbmi", "avx512", "avx2" or
-    "portable")."""
+    """The instruction set of the host kernels the operators run ("amx", "avx512vbmi", "avx512",
+    "avx2" or "portable"; "amx-model" where KPA_HOST_ISA names it)."""
     return torch.ops.kpa.host_isa()
 
 

@@ -322,7 +322,7 @@ def test_operators_registered_with_vllm_schemas():
         assert str(getattr(torch.ops.kpa, name).default._schema).endswith("-> ()")
     assert kpa.__version__ == "0.1.0"
     assert kpa.built_for_cuda in (True, False)
-    assert kpa.host_isa() in ("avx512vbmi", "avx512", "avx2", "portable")
+    assert kpa.host_isa() in ("amx", "avx512vbmi", "avx512", "avx2", "portable")
 
 
 def test_python_signatures_are_vllms():

@@ -29,7 +29,7 @@
 #define KPA_IMPL_AVX512_DIAGNOSTICS_PUSHED
 #endif
 
-#define KPA_IMPL_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define KPA_IMPL_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"), aligned(64)))
 #define KPA_IMPL_AVX512_INLINE \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"), always_inline))
 

@@ -15,7 +15,9 @@
 #include <cstring>
 #include <type_traits>
 
-#define KPA_IMPL_AVX2 __attribute__((target("avx2,fma,f16c")))
+// Loops start on a cache line, so where an edit elsewhere in libkpa moves them, their alignment,
+// and with it the decoded-instruction cache's view of them, stays.
+#define KPA_IMPL_AVX2 __attribute__((target("avx2,fma,f16c"), aligned(64)))
 // For the helpers of the register tiles: a call would spill the tile's registers.
 #define KPA_IMPL_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline))
 

@@ -2,8 +2,9 @@
 // The host kernel path's inner loops as the kernel sees them: their arguments, the prefetcher
 // they spread their requests with, and one table of function pointers per (rows per pass, cache
 // type), filled for an instruction set once per call. The loops are compiled once, into libkpa
-// (src/host_loops/): a portable set every CPU runs, and AVX2 and AVX-512 sets built with target
-// attributes whatever the flags of the code that includes this header.
+// (src/host_loops/): a portable set every CPU runs, AVX2 and AVX-512 sets built with target
+// attributes whatever the flags of the code that includes this header, and an AMX set (bf16 and
+// fp8 caches) over AMX's instructions or over a software model of them.
 //   block_logits  q . k for the H query rows of a pass against the slots of one cache block;
 //   chunk_values  o += p . V for a range of output dimensions over a chunk (o already rescaled);
 //   RowLoops      one row of a chunk's logits: the variant's soft cap and ALiBi ramp, and the
@@ -135,6 +136,8 @@ struct BlockLogitsArgs {
   const float* q;           ///< [H][head_size], scale (and the fp8 key scale) applied
   float* logits;            ///< q_g . k_i at logits[g * logits_stride + i]
   int logits_stride;
+  /// q as HostLoops::prepare_query returned it, for the sets that have that step (else null).
+  const std::uint32_t* q_tiles = nullptr;
 };
 
 /// One chunk_values call: o += p . V over the chunk's blocks, for output dimensions [d_begin, d_end).
@@ -169,6 +172,10 @@ struct RowLoops {
 template <int H, class CacheT>
 struct HostLoops {
   HostIsa isa = HostIsa::Portable;  ///< the set the pointers below belong to
+  /// The pass's query rows ([H][head_size] floats, scale applied) in the form block_logits
+  /// reads (BlockLogitsArgs::q_tiles), once per pass, in a buffer of the calling thread's that
+  /// holds them until its next call; null where block_logits reads the floats.
+  const std::uint32_t* (*prepare_query)(const float* q, int head_size) = nullptr;
   void (*block_logits)(const BlockLogitsArgs<CacheT>&, BlockPrefetcher&) = nullptr;
   void (*chunk_values)(const ChunkValuesArgs<CacheT>&, BlockPrefetcher&, int d_begin, int d_end) = nullptr;
   RowLoops rows{};

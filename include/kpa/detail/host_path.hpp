@@ -2,7 +2,8 @@
 // The host kernel path (KernelPath::Host): how a team computes one pass over a tile on a CPU.
 // The pass's keys go in chunks of whole blocks, with an online softmax across chunks; per chunk:
 //   1. logits: team members take blocks; each K element is read once for every row of the pass
-//      (HostLoops::block_logits); blocks no row attends are not read;
+//      (HostLoops::block_logits, on the query as HostLoops::prepare_query left it where the set
+//      has that step); blocks no row attends are not read;
 //   2. members take rows: the variant's rules over the row (AttentionVariant::apply_to_row), then
 //      the row's softmax against its running max (RowLoops::softmax); the chunk's softmax states
 //      of all rows come out of one team parallel_reduce with SoftmaxReducer, and the running
@@ -20,6 +21,7 @@
 #include <kpa/detail/softmax_state.hpp>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace kpa::detail {
 
@@ -94,6 +96,9 @@ struct HostPath {
     const int block_bytes = B * D * static_cast<int>(sizeof(CacheT));
     const int members = member.team_size();
     int prefetch_ids[kPrefetchBlocks];  // this member's share of the next chunk's blocks
+    // The query in the form the loops' q.k reads, where their set has that step: each member
+    // prepares its own copy (the pass's query is in scratch, the team past a barrier).
+    const std::uint32_t* q_tiles = loops.prepare_query != nullptr ? loops.prepare_query(s.q, D) : nullptr;
     for (int chunk_begin = c.begin; chunk_begin < c.end; chunk_begin += CT) {
       const int tokens = (c.end - chunk_begin < CT) ? c.end - chunk_begin : CT;
       const int blocks = (tokens + B - 1) / B;
@@ -121,7 +126,7 @@ struct HostPath {
           prefetch_bytes(c.value_head + block_id * c.block_stride, block_bytes);
         }
         loops.block_logits(BlockLogitsArgs<CacheT>{c.key_head + block_id * c.block_stride, B, D, slots, s.q,
-                                                   s.probs + lb * B, CT},
+                                                   s.probs + lb * B, CT, q_tiles},
                            prefetcher);
       });
       member.team_barrier();  // every member's logits and block ids are in scratch

@@ -1,0 +1,163 @@
+// The AMX tile mapping (src/host_loops/amx_tiles.hpp): the software model against the
+// architecture's definition of the instructions the AMX loops use (pair layout, row strides,
+// accumulation, the subnormal rule, the shapes tdpbf16ps accepts), and, on CPUs with AMX, the
+// instructions against the model. The loops on the model run in test_host_loops.cpp and in
+// every attention test over bf16 and fp8 caches (attention_runner.hpp).
+
+#include <kpa/host_isa.hpp>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))  // the mapping's assembly is x86's
+#include "host_loops/amx_tiles.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using kpa::detail::amx::AmxTiles;
+using kpa::detail::amx::TileConfig;
+using kpa::detail::amx::TileModel;
+
+std::uint16_t bf16(float x) {  // x must be exact in bf16
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
+/// C[M][N] += A[M][2K] . B[K][N][2] on the tiles of Tiles, A and B in memory with row strides
+/// of their own (in elements) to check that loads honour strides; returns C.
+template <class Tiles>
+std::vector<float> tile_product(int M, int N, int K, const std::vector<std::uint16_t>& a, int a_stride,
+                                const std::vector<std::uint16_t>& b, int b_stride, const std::vector<float>& c0) {
+  TileConfig config;
+  config.set(0, M, 4 * N);
+  config.set(1, M, 4 * K);
+  config.set(2, K, 4 * N);
+  std::vector<float> c(c0);
+  Tiles::configure(config);
+  Tiles::template load<0>(c.data(), 4 * N);
+  Tiles::template load<1>(a.data(), 2 * a_stride);
+  Tiles::template load<2>(b.data(), 2 * b_stride);
+  Tiles::template dot_bf16<0, 1, 2>();
+  Tiles::template store<0>(c.data(), 4 * N);
+  Tiles::release();
+  return c;
+}
+
+struct Case {
+  int M, N, K, a_stride, b_stride;
+  std::vector<std::uint16_t> a, b;
+  std::vector<float> c0;
+  std::vector<double> expected;  // exact: small integers
+};
+
+Case integer_case(int M, int N, int K, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> small(-8, 8);
+  Case t{M, N, K, 2 * K + 6, 2 * N + 4, {}, {}, {}, {}};
+  t.a.assign(static_cast<std::size_t>(M) * t.a_stride, bf16(1000.0f));  // padding the tile must skip
+  t.b.assign(static_cast<std::size_t>(K) * t.b_stride, bf16(1000.0f));
+  for (int m = 0; m < M; ++m)
+    for (int i = 0; i < 2 * K; ++i) t.a[m * t.a_stride + i] = bf16(static_cast<float>(small(rng)));
+  for (int k = 0; k < K; ++k)
+    for (int i = 0; i < 2 * N; ++i) t.b[k * t.b_stride + i] = bf16(static_cast<float>(small(rng)));
+  t.c0.resize(static_cast<std::size_t>(M) * N);
+  for (float& v : t.c0) v = static_cast<float>(small(rng));
+  t.expected.resize(t.c0.size());
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      double sum = t.c0[m * N + n];
+      for (int k = 0; k < K; ++k)
+        for (int j = 0; j < 2; ++j) {
+          float x, y;
+          const std::uint32_t xa = static_cast<std::uint32_t>(t.a[m * t.a_stride + 2 * k + j]) << 16;
+          const std::uint32_t yb = static_cast<std::uint32_t>(t.b[k * t.b_stride + 2 * n + j]) << 16;
+          std::memcpy(&x, &xa, 4);
+          std::memcpy(&y, &yb, 4);
+          sum += static_cast<double>(x) * y;  // A's pair k meets B's row k, element by element
+        }
+      t.expected[m * N + n] = sum;
+    }
+  return t;
+}
+
+// Sums of small integers are exact whatever the order: the model must give the definition's
+// value in every element, for full and partial tiles.
+TEST(AmxTileModel, ComputesTheTileProductOfBf16Pairs) {
+  for (auto [M, N, K] : {std::tuple{16, 16, 16}, std::tuple{16, 4, 16}, std::tuple{16, 1, 8}, std::tuple{5, 3, 2}}) {
+    const Case t = integer_case(M, N, K, static_cast<unsigned>(M * 100 + N * 10 + K));
+    const std::vector<float> c = tile_product<TileModel>(M, N, K, t.a, t.a_stride, t.b, t.b_stride, t.c0);
+    for (std::size_t i = 0; i < c.size(); ++i) EXPECT_EQ(c[i], t.expected[i]) << M << "x" << N << "x" << K << " at " << i;
+  }
+}
+
+// Each product joins the sum in order and the sum is rounded each time: 1 + 2^-24 + 2^-24
+// stays 1 in f32 (where one rounding of the whole sum would give 1 + 2^-23).
+TEST(AmxTileModel, RoundsEachSumInOrder) {
+  std::vector<std::uint16_t> a(2, bf16(0x1p-24f)), b(2, bf16(1.0f));
+  const std::vector<float> c = tile_product<TileModel>(1, 1, 1, a, 2, b, 2, {1.0f});
+  EXPECT_EQ(c[0], 1.0f);
+}
+
+// Inputs below 2^-126 count as zero, and so does a sum below 2^-126.
+TEST(AmxTileModel, FlushesSubnormalInputsAndResults) {
+  const std::uint16_t subnormal = 0x0040;  // 2^-127
+  std::vector<std::uint16_t> a{subnormal, bf16(0x1p-100f)}, b{bf16(0x1p100f), bf16(0x1p-30f)};
+  const std::vector<float> c = tile_product<TileModel>(1, 1, 1, a, 2, b, 2, {0.0f});
+  EXPECT_EQ(c[0], 0.0f) << "2^-127 * 2^100 must count as 0, and 2^-100 * 2^-30 flushes";
+  std::vector<std::uint16_t> a2{bf16(0x1p-63f), bf16(0.0f)}, b2{bf16(0x1p-63f), bf16(0.0f)};
+  EXPECT_EQ(tile_product<TileModel>(1, 1, 1, a2, 2, b2, 2, {0.0f})[0], 0x1p-126f) << "the smallest normal stays";
+}
+
+void product_of(const TileConfig& config) {
+  TileModel::configure(config);
+  TileModel::dot_bf16<0, 1, 2>();
+}
+void zero_tile_3(const TileConfig& config) {
+  TileModel::configure(config);
+  TileModel::zero<3>();
+}
+void zero_after_release() {
+  TileModel::release();
+  TileModel::zero<0>();
+}
+
+// What the CPU faults on, the model aborts on: a product of tiles whose shapes do not chain,
+// a tile the configuration leaves unused, an instruction before ldtilecfg, a shape past 16 x 64.
+TEST(AmxTileModelDeathTest, RefusesWhatTheInstructionsDoNotAccept) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TileConfig mismatched;
+  mismatched.set(0, 16, 64);
+  mismatched.set(1, 16, 64);
+  mismatched.set(2, 8, 64);  // A's 16 pairs need 16 rows of B
+  EXPECT_DEATH(product_of(mismatched), "tile shapes do not match");
+  TileConfig partial;
+  partial.set(0, 16, 64);
+  EXPECT_DEATH(zero_tile_3(partial), "tmm3, which the configuration leaves unused");
+  EXPECT_DEATH(zero_after_release(), "without ldtilecfg");
+  TileConfig too_wide;
+  too_wide.set(0, 16, 128);
+  EXPECT_DEATH(TileModel::configure(too_wide), "out of range");
+  TileConfig chained = mismatched;
+  chained.set(2, 16, 64);
+  product_of(chained);  // the control: shapes that chain
+  TileModel::release();
+}
+
+// On CPUs with AMX: the instructions give the model's result (exact cases, so any order agrees).
+TEST(AmxTiles, MatchTheModel) {
+  if (kpa::detail::cpu_host_isa() != kpa::HostIsa::Amx) GTEST_SKIP() << "this CPU has no AMX-BF16 (or no tile permission)";
+  for (auto [M, N, K] : {std::tuple{16, 16, 16}, std::tuple{16, 4, 16}, std::tuple{5, 3, 2}}) {
+    const Case t = integer_case(M, N, K, static_cast<unsigned>(M + N + K));
+    EXPECT_EQ((tile_product<AmxTiles>(M, N, K, t.a, t.a_stride, t.b, t.b_stride, t.c0)),
+              (tile_product<TileModel>(M, N, K, t.a, t.a_stride, t.b, t.b_stride, t.c0)));
+  }
+}
+
+}  // namespace
+#endif
