@@ -6,7 +6,8 @@
 #      the release tarballs in KPA_KOKKOS_SOURCES or <repo>/../shared/deps (see
 #      scripts/bootstrap-deps.sh), or against 3.4.1, saying so, where neither folder has them: unit
 #      tests on both back ends, on the host path (the best inner loops of this CPU and every lesser
-#      set: portable, AVX2, AVX-512 without VBMI) and the device kernel path; every header on its
+#      set: portable, AVX2, AVX-512 without VBMI, VBMI; and, for bf16 and fp8 caches on CPUs without
+#      AMX, the AMX loops on the software model of the tiles) and the device kernel path; every header on its
 #      own (C++17 and C++20); the C ABI from C and from Python; a kpa-bench smoke run; the
 #      installed package used by a separate project and run from its prefix.
 #   2. The PyTorch operators (scripts/python.sh --test): the package in python/ pip-installed

@@ -49,6 +49,7 @@ def main():
     parser.add_argument("--json")
     args = parser.parse_args()
     results = []
+    print("Model: " + " ".join(MODEL[:-2]) + "; " + "; ".join(f"{run}: {' '.join(RUNS[run])}" for run in RUNS) + "\n")
     print("| run | round | vLLM CPU_ATTN s | kpa s | kpa / vLLM throughput |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
