@@ -47,8 +47,9 @@ def git(*args):
 
 
 def commit():
-    """The commit measured, marked when the working tree differs from it."""
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    """The commit measured, marked when the working tree differs from it (outside docs/, which
+    this script writes)."""
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs")
     return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
 
 
