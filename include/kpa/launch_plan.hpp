@@ -70,7 +70,7 @@ struct DeviceProfile {
   bool occupancy_from_kernel = false;
   BackEndLimits limits;  ///< of the back end the plan runs on (detect() fills them in)
   /// Instruction set of the host path's inner loops: detect() takes limits.best_host_isa, or
-  /// the environment variable KPA_HOST_ISA ("portable", "avx2", "avx512") when set.
+  /// the environment variable KPA_HOST_ISA (parse_host_isa's names) when set.
   HostIsa host_isa = HostIsa::Portable;
 
   int resident_teams() const { return sm_count * sm_occupancy; }

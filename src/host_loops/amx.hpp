@@ -187,6 +187,7 @@ inline std::vector<std::uint32_t>& probability_tiles() {
 template <int H, class CacheT, class Tiles>
 KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin, int d_end) {
   static_assert(H <= 16, "a tile's 16 columns hold the rows of a pass");
+  constexpr bool kInPlace = std::is_same_v<CacheT, bfloat16>;  // cache rows are tile rows as they are
   const int B = a.block_size, KS = B % 32 == 0 ? 32 : 16, steps = B / KS;
   // Per attended block and step of KS slots: kParts parts of KS / 2 slot pairs x H rows.
   const int part_stride = KS / 2 * H, step_words = kParts * part_stride;
@@ -217,8 +218,8 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
       const CacheT* rows = a.value_head + a.block_ids[lb] * a.block_stride + static_cast<std::int64_t>(d0) * B;
       for (int step = 0; step * KS < slots; ++step) {
         const int n = slots - step * KS;
-        if (std::is_same_v<CacheT, bfloat16> && n >= KS) {
-          Tiles::template load<kA>(rows + step * KS, 2 * B);
+        if (kInPlace && n >= KS) {  // whole bf16 rows: the tile reads the cache itself
+          Tiles::template load<kA>(rows + step * KS, static_cast<std::int64_t>(sizeof(CacheT)) * B);
         } else {
           for (int r = 0; r < 16; ++r) {
             const CacheT* src = rows + static_cast<std::int64_t>(r) * B + step * KS;
