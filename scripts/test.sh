@@ -21,7 +21,8 @@
 #   4. Sanitizer build against Kokkos 3.4.1, the oldest kpa supports (<repo>/build-asan): the unit
 #      tests (their typed tests on OpenMP, whose threads share the memory the sanitizers watch) and
 #      the C ABI tests again, built with AddressSanitizer and UndefinedBehaviorSanitizer; any
-#      report fails the run.
+#      report fails the run. It compiles while steps 2 and 3 run (they leave a core mostly idle),
+#      its output in <repo>/build/sanitizer-build.log, shown if it fails.
 #   5. The libFuzzer target over the C ABI (scripts/fuzz.sh, <repo>/build-fuzz, Kokkos 3.4.1): a
 #      bounded run from the committed seed corpus (KPA_FUZZ_SECONDS, default 60).
 #   6. Where nvcc is found (unless KPA_SKIP_CUDA=1), CUDA build (Kokkos Serial + OpenMP + CUDA for
@@ -63,6 +64,14 @@ log "host build against Kokkos $newest in $build"
 BUILD_DIR=$build "$repo/scripts/build.sh"
 run_ctest "$build"
 
+asan_build=${ASAN_BUILD_DIR:-$repo/build-asan}
+asan_log=$build/sanitizer-build.log
+# Kokkos 3.4.1 first, here: the sanitizer build and the package built from source both take it.
+KPA_KOKKOS_VERSION=3.4.1 "$repo/scripts/bootstrap-deps.sh" >/dev/null
+log "sanitizer build (address, undefined) against Kokkos 3.4.1 in $asan_build, compiling meanwhile (output: $asan_log)"
+(BUILD_DIR=$asan_build KPA_KOKKOS_VERSION=3.4.1 "$repo/scripts/build.sh" --sanitize >"$asan_log" 2>&1) &
+asan_pid=$!
+
 log "PyTorch operators (python/): pip install against the host build, then pytest (torch 2.13)"
 BUILD_DIR=$build "$repo/scripts/python.sh" --torch2 --test
 log "PyTorch operators again on torch 1.13, the package building libkpa itself against Kokkos 3.4.1"
@@ -71,9 +80,12 @@ BUILD_DIR=$build/python-from-source KPA_KOKKOS_VERSION=3.4.1 "$repo/scripts/pyth
 log "kpa as vLLM's attention backend: vLLM's CPU build, end to end"
 BUILD_DIR=$build "$repo/scripts/vllm.sh" --test
 
-asan_build=${ASAN_BUILD_DIR:-$repo/build-asan}
-log "sanitizer build (address, undefined) against Kokkos 3.4.1 in $asan_build"
-BUILD_DIR=$asan_build KPA_KOKKOS_VERSION=3.4.1 "$repo/scripts/build.sh" --sanitize
+log "sanitizer build: waiting for it to finish compiling, then its tests"
+if ! wait "$asan_pid"; then
+  tail -n 100 "$asan_log" >&2
+  log "the sanitizer build failed (all of its output: $asan_log)"
+  exit 1
+fi
 run_ctest "$asan_build"
 
 log "fuzzing the C ABI (${KPA_FUZZ_SECONDS:-60} s)"

@@ -8,6 +8,9 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))  // the mapping's assembly is x86's
 #include "host_loops/amx_tiles.hpp"
+#if !defined(__CUDACC__)
+#include "host_loops/amx.hpp"
+#endif
 
 #include <gtest/gtest.h>
 
@@ -158,6 +161,41 @@ TEST(AmxTiles, MatchTheModel) {
               (tile_product<TileModel>(M, N, K, t.a, t.a_stride, t.b, t.b_stride, t.c0)));
   }
 }
+
+#if !defined(__CUDACC__)  // the code around the tiles is AVX2, which host_loops.cpp leaves out of device compilers
+// The query in tile form (amx::prepare_query): its bf16 parts sum to it exactly, and there are as
+// many as it needs: one for a query of bf16 values, two for f16 values, three for floats.
+TEST(AmxLoops, SplitTheQueryIntoThePartsItNeeds) {
+  if (kpa::detail::cpu_host_isa() < kpa::HostIsa::Avx2) GTEST_SKIP() << "the code around the tiles is AVX2";
+  constexpr int H = 4, D = 64;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+  std::vector<float> q(H * D);
+  for (int needed = 1; needed <= 3; ++needed) {
+    for (float& v : q) {
+      const float x = uniform(rng);
+      v = needed == 1 ? kpa::to_float(kpa::detail::from_float<kpa::bfloat16>(x))
+                      : (needed == 2 ? kpa::to_float(kpa::detail::from_float<kpa::half>(x)) : x);
+    }
+    const kpa::detail::QueryTiles tiles = kpa::detail::amx::prepare_query<H>(q.data(), D);
+    EXPECT_EQ(tiles.parts, needed);
+    for (int g = 0; g < H; ++g) {
+      for (int i = 0; i < D; ++i) {
+        double sum = 0.0;
+        for (int p = 0; p < tiles.parts; ++p) {
+          const std::uint32_t word = tiles.words[p * (H * D / 2) + (i / 2) * H + g];
+          const std::uint32_t bits = (i % 2 == 0 ? word & 0xffffu : word >> 16) << 16;
+          float part;
+          std::memcpy(&part, &bits, 4);
+          sum += part;
+        }
+        EXPECT_EQ(sum, static_cast<double>(q[g * D + i])) << "row " << g << " element " << i << " of a query needing "
+                                                          << needed << " parts";
+      }
+    }
+  }
+}
+#endif
 
 }  // namespace
 #endif

@@ -69,10 +69,17 @@ TEST_P(HostLoops, SelectsTheSetAskedFor) {
 
 bool tiles(HostIsa isa) { return isa == HostIsa::Amx || isa == HostIsa::AmxModel; }
 
-/// Runs the set's q.k on `args`, preparing the query first where the set has that step.
+/// Runs the set's q.k on `args`, preparing the query first where the set has that step: there
+/// from q * factor with a scale of 1 / factor (a power of two), which must give the same logits.
 template <int H, class S>
-void run_block_logits(const kpa::detail::HostLoops<H, S>& loops, kpa::detail::BlockLogitsArgs<S> args) {
-  if (loops.prepare_query != nullptr) args.q_tiles = loops.prepare_query(args.q, args.head_size);
+void run_block_logits(const kpa::detail::HostLoops<H, S>& loops, kpa::detail::BlockLogitsArgs<S> args,
+                      float factor = 4.0f) {
+  if (loops.prepare_query != nullptr) {
+    std::vector<float> unscaled(args.q, args.q + H * args.head_size);
+    for (float& v : unscaled) v *= factor;
+    args.q_tiles = loops.prepare_query(unscaled.data(), args.head_size);
+    args.scale = 1.0f / factor;
+  }
   kpa::detail::BlockPrefetcher idle;
   loops.block_logits(args, idle);
 }
@@ -384,11 +391,12 @@ void check_codes(HostIsa isa, const std::vector<unsigned>& codes) {
   kpa::detail::BlockPrefetcher idle;
   for (unsigned code : codes) {
     const S coded{static_cast<Bits>(code)};
-    float expected = kpa::to_float(coded);
     // The tile sets' contract (amx.hpp): values below 2^-126 count as zero; an infinity meets
-    // the zero parts of the one-hot operand and gives NaN.
-    if (tiles(isa) && std::isless(std::fabs(expected), 0x1p-126f)) expected = 0.0f;
-    if (tiles(isa) && std::isinf(expected)) expected = kNan;
+    // the zero parts of the one-hot probabilities and gives NaN (the one-hot query, 1.0, is
+    // one part: no zero parts there).
+    float expected_logit = kpa::to_float(coded);
+    if (tiles(isa) && std::isless(std::fabs(expected_logit), 0x1p-126f)) expected_logit = 0.0f;
+    const float expected = tiles(isa) && std::isinf(expected_logit) ? kNan : expected_logit;
     for (int lane = 0; lane < 16; ++lane) {
       const std::string where = name_of(isa) + " code " + std::to_string(code) + " lane " + std::to_string(lane);
       // q.k: blocks of one slot and of 16 (whose key vectors are widened 32 codes at a time),
@@ -399,12 +407,12 @@ void check_codes(HostIsa isa, const std::vector<unsigned>& codes) {
         std::vector<S> keys(static_cast<std::size_t>(kHeadSize) * slots, S{0});
         for (int slot = 0; slot < slots; ++slot) keys[((lane / kX) * slots + slot) * kX + lane % kX] = coded;
         std::vector<float> logits(slots, -1.0f);
-        run_block_logits<1, S>(kernels, {keys.data(), slots, kHeadSize, slots, q.data(), logits.data(), slots});
+        run_block_logits<1, S>(kernels, {keys.data(), slots, kHeadSize, slots, q.data(), logits.data(), slots}, 1.0f);
         for (int slot = 0; slot < slots; ++slot) {
-          if (std::isnan(expected)) {
+          if (std::isnan(expected_logit)) {
             EXPECT_TRUE(std::isnan(logits[slot])) << where << " slots " << slots << " slot " << slot;
           } else {
-            EXPECT_EQ(logits[slot], expected) << where << " slots " << slots << " slot " << slot;
+            EXPECT_EQ(logits[slot], expected_logit) << where << " slots " << slots << " slot " << slot;
           }
         }
       }

@@ -153,7 +153,7 @@ def main():
                         help="comma-separated names (empty: none): " + ", ".join(PREFILL_SHAPES))
     parser.add_argument("--prefill-block-sizes", default="128")
     parser.add_argument("--dtypes", default="f16,bf16")
-    parser.add_argument("--block-sizes", default="16,128")
+    parser.add_argument("--block-sizes", default="16,32,128")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--check-only", action="store_true", help="only the float64 check on a small case")

@@ -2,12 +2,16 @@
 attention backend and with kpa's (``--attention-backend CUSTOM`` through kpa's plugin), on a tiny
 Llama-style model with seeded random weights (python/benchmarks/vllm_generate.py). Prompts of 5 to 300 tokens, two
 sharing a 64-token prefix (prefix caching), prefills chunked into 64-token steps batched with other
-sequences' decode steps. Skipped where vLLM is not installed (scripts/vllm.sh installs it)."""
+sequences' decode steps. Skipped where vLLM is not installed (scripts/vllm.sh installs it).
+
+Each generation is an engine of its own processes, most of whose time is spent importing torch and
+vLLM on one core: the module starts every run it compares up front, two at a time."""
 
 import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -24,9 +28,20 @@ LOGPROB_TOLERANCE = 1e-3
 FP8_LOGPROB_TOLERANCE = 0.25
 
 
-def generate(tmp_path_factory, backend, *args, tp=1, expect_failure=False):
+#: The runs the tests compare, as (backend, extra arguments, tensor-parallel ranks).
+RUNS = [("CUSTOM", (), 1), ("auto", (), 1),
+        ("CUSTOM", ("--sliding-window", "48"), 1), ("auto", ("--sliding-window", "48"), 1),
+        ("CUSTOM", (), 2), ("auto", (), 2),
+        ("CUSTOM", ("--kv-cache-dtype", "fp8"), 1), ("auto", ("--kv-cache-dtype", "fp8"), 1)]
+#: Engines at once.
+CONCURRENT = 2
+
+
+def generate(tmp_path_factory, backend, *args, tp=1, expect_failure=False, port=None):
     out = tmp_path_factory.mktemp("vllm") / "result.json"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    if port is not None:  # engines started together look for free ports from different places
+        env["VLLM_PORT"] = str(port)
     if tp > 1:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(c % os.cpu_count()) for c in range(tp))
     command = [sys.executable, GENERATE, "--backend", backend,
@@ -51,14 +66,16 @@ def assert_same_generation(kpa, vllm, tolerance=LOGPROB_TOLERANCE):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    cache = {}
+    """results(backend, *args, tp=1): the run's JSON (or the AssertionError of its failure)."""
+    pool = ThreadPoolExecutor(CONCURRENT)
+    futures = {(backend, args, tp): pool.submit(generate, tmp_path_factory, backend, *args, tp=tp,
+                                                port=29000 + 200 * i)
+               for i, (backend, args, tp) in enumerate(RUNS)}
 
     def get(backend, *args, tp=1):
-        key = (backend, args, tp)
-        if key not in cache:
-            cache[key] = generate(tmp_path_factory, backend, *args, tp=tp)
-        return cache[key]
-    return get
+        return futures[(backend, args, tp)].result()
+    yield get
+    pool.shutdown(wait=True)
 
 
 def test_generation_matches_vllms_backend(results):

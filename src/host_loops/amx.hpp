@@ -5,18 +5,21 @@
 // the tiles is AVX2, so the model runs on any AVX2 CPU.
 //
 // Tiles (tdpbf16ps: C[16][N] += A[16][2K] . B[K][N][2], f32 sums of bf16 pairs):
-//   q.k    C = logits^T [16 slots][H rows]; A = 16 slots x 32 dimensions of keys, repacked from
-//          vLLM's [D/x][B][x] layout (fp8 codes widened to their exact bf16 values); B = the
-//          query rows in dimension pairs (prepare_query, once per pass);
+//   q.k    C = logits^T [16 slots][H rows], times the scale as they are stored; A = 16 slots x
+//          32 dimensions of keys, repacked from vLLM's [D/x][B][x] layout (fp8 codes widened to
+//          their exact bf16 values); B = the query rows, unscaled, in dimension pairs
+//          (prepare_query, once per pass);
 //   p.V    C = o^T [16 dimensions][H rows]; A = 16 dimension rows x KS slots of values, read in
 //          place from the [D][B] layout (a partly filled block and fp8 codes through a buffer);
 //          B = the chunk's probabilities in slot pairs.
-// Precision: q and p are f32; each is split into three bf16 parts that sum to it exactly
-// (round to nearest, the remainder rounded again, the last remainder exact), and bf16 and fp8
-// cache values are exact in bf16, so every product is exact and the sums are f32 sums, as in the
-// FMA loops, in another order. What differs is the instruction's subnormal rule (inputs and sums
-// below 2^-126 count as zero) and infinities: a cache value of +-inf meets the zero parts of an
-// operand and gives NaN where the FMA loops give +-inf.
+// Precision: q and p are f32; each is split into bf16 parts that sum to it exactly (round to
+// nearest, the remainder rounded again, the last remainder exact): p into three, the query into
+// as many as it needs (one for a bf16 query, two for f16: the scale is applied to the sums, so
+// the query keeps its own precision). bf16 and fp8 cache values are exact in bf16, so every
+// product is exact and the sums are f32 sums, as in the FMA loops, in another order. What
+// differs is the instruction's subnormal rule (inputs and sums below 2^-126 count as zero) and
+// infinities: a cache value of +-inf meets the zero parts of a split operand (the probabilities;
+// a query of more than one part) and gives NaN where the FMA loops give +-inf.
 
 #include "amx_tiles.hpp"
 #include "avx2.hpp"
@@ -85,14 +88,28 @@ KPA_IMPL_AVX2 void split_rows_in_pairs(const float* src, int src_stride, int n, 
 /// Head sizes up to which block_logits takes q.k (its repacked keys live on the stack).
 inline constexpr int kMaxHeadSize = 256;
 
-/// The pass's query rows (scale applied) as q.k's B tiles, in the thread's buffer: part p of
-/// dimension pair j of row g at word p * (H * head_size / 2) + j * H + g.
+/// Whether all n words are zero.
+KPA_IMPL_AVX2_INLINE inline bool all_zero(const std::uint32_t* words, int n) {
+  __m256i any = _mm256_setzero_si256();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) any = _mm256_or_si256(any, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i)));
+  std::uint32_t rest = 0;
+  for (; i < n; ++i) rest |= words[i];
+  return rest == 0 && _mm256_testz_si256(any, any) != 0;
+}
+
+/// The pass's query rows (unscaled) as q.k's B tiles, in the thread's buffer: part p of
+/// dimension pair j of row g at word p * (H * head_size / 2) + j * H + g; the parts after the
+/// last one with a nonzero word are left out (QueryTiles::parts).
 template <int H>
-KPA_IMPL_AVX2 const std::uint32_t* prepare_query(const float* q, int head_size) {
+KPA_IMPL_AVX2 QueryTiles prepare_query(const float* q, int head_size) {
   thread_local std::vector<std::uint32_t> tiles;
-  tiles.resize(static_cast<std::size_t>(kParts) * H * head_size / 2);
-  split_rows_in_pairs<H>(q, head_size, head_size, head_size, tiles.data(), H * head_size / 2);
-  return tiles.data();
+  const int part_words = H * head_size / 2;
+  tiles.resize(static_cast<std::size_t>(kParts) * part_words);
+  split_rows_in_pairs<H>(q, head_size, head_size, head_size, tiles.data(), part_words);
+  int parts = kParts;
+  while (parts > 1 && all_zero(tiles.data() + (parts - 1) * part_words, part_words)) --parts;
+  return QueryTiles{tiles.data(), parts};
 }
 
 /// 8 floats holding exact bf16 values as their 8 bf16 codes.
@@ -123,18 +140,22 @@ KPA_IMPL_AVX2_INLINE inline void widen_to_bf16(const CacheT* p, std::uint16_t* d
 /// Tile numbers: the accumulator, the cache operand, and the kParts query or probability parts.
 inline constexpr int kC = 0, kA = 1, kB = 2;
 
+/// C += A . B for the first `count` (1 to kParts) parts of B, part_stride words apart.
 template <class Tiles>
-KPA_IMPL_AVX2_INLINE inline void dot_parts(const std::uint32_t* parts, int part_stride, int b_stride) {
+KPA_IMPL_AVX2_INLINE inline void dot_parts(const std::uint32_t* parts, int count, int part_stride, int b_stride) {
+  static_assert(kParts == 3, "a tile per part");
   Tiles::template load<kB>(parts, b_stride);
   Tiles::template dot_bf16<kC, kA, kB>();
+  if (count < 2) return;
   Tiles::template load<kB + 1>(parts + part_stride, b_stride);
   Tiles::template dot_bf16<kC, kA, kB + 1>();
+  if (count < 3) return;
   Tiles::template load<kB + 2>(parts + 2 * part_stride, b_stride);
   Tiles::template dot_bf16<kC, kA, kB + 2>();
 }
 
 /// q.k of a block, for head sizes that are multiples of 32 up to kMaxHeadSize: a.q_tiles holds
-/// the query as prepare_query left it.
+/// the query as prepare_query left it, a.scale multiplies the sums.
 template <int H, class CacheT, class Tiles>
 KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
   static_assert(H <= 16, "a tile's 16 columns hold the rows of a pass");
@@ -162,11 +183,11 @@ KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetche
     Tiles::template zero<kC>();
     for (int step = 0; step < steps; ++step) {
       Tiles::template load<kA>(keys[step], 64);
-      dot_parts<Tiles>(a.q_tiles + step * 16 * H, part_stride, 4 * H);
+      dot_parts<Tiles>(a.q_tiles.words + step * 16 * H, a.q_tiles.parts, part_stride, 4 * H);
     }
     Tiles::template store<kC>(sums, 4 * H);
     for (int g = 0; g < H; ++g) {
-      for (int s = 0; s < n; ++s) a.logits[g * a.logits_stride + slot0 + s] = sums[s][g];
+      for (int s = 0; s < n; ++s) a.logits[g * a.logits_stride + slot0 + s] = sums[s][g] * a.scale;
     }
   }
   Tiles::release();
@@ -234,8 +255,8 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
           }
           Tiles::template load<kA>(values, 64);
         }
-        dot_parts<Tiles>(tiles.data() + (static_cast<std::size_t>(lb) * steps + step) * step_words, part_stride,
-                         4 * H);
+        dot_parts<Tiles>(tiles.data() + (static_cast<std::size_t>(lb) * steps + step) * step_words, kParts,
+                         part_stride, 4 * H);
       }
     }
     Tiles::template store<kC>(sums, 4 * H);

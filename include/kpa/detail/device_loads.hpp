@@ -49,6 +49,9 @@ struct DeviceRowIO {
     Kokkos::parallel_for(Kokkos::TeamVectorRange(member, rows * D), [&](int i) { f(i / D, i % D, i % D + 1); });
   }
 
+  /// The factor the query is loaded with: the scale (q.k reads the scaled query).
+  KOKKOS_INLINE_FUNCTION static float query_factor(float scale) { return scale; }
+
   /// load_scaled / store_scaled (numeric_types.hpp), one element per call here.
   template <class T>
   KOKKOS_INLINE_FUNCTION void load_span(const T* src, std::size_t stride, float scale, float* dst, int n) const {

@@ -126,6 +126,13 @@ KOKKOS_INLINE_FUNCTION void ask_ahead(BlockPrefetcher::Run& run) {
   }
 }
 
+/// The pass's query in the form a set's q.k reads (HostLoops::prepare_query): its words, and the
+/// bf16 parts per element they hold (as many as the query needs to be exact, 1 to 3).
+struct QueryTiles {
+  const std::uint32_t* words = nullptr;
+  int parts = 0;
+};
+
 /// One block_logits call: q . k for the first `slots` slots of one cache block of one kv head.
 template <class CacheT>
 struct BlockLogitsArgs {
@@ -136,8 +143,10 @@ struct BlockLogitsArgs {
   const float* q;           ///< [H][head_size], scale (and the fp8 key scale) applied
   float* logits;            ///< q_g . k_i at logits[g * logits_stride + i]
   int logits_stride;
-  /// q as HostLoops::prepare_query returned it, for the sets that have that step (else null).
-  const std::uint32_t* q_tiles = nullptr;
+  /// For the sets with HostLoops::prepare_query: the query as that step left it, unscaled, and
+  /// the scale, which multiplies the sums.
+  QueryTiles q_tiles{};
+  float scale = 1.0f;
 };
 
 /// One chunk_values call: o += p . V over the chunk's blocks, for output dimensions [d_begin, d_end).
@@ -172,10 +181,11 @@ struct RowLoops {
 template <int H, class CacheT>
 struct HostLoops {
   HostIsa isa = HostIsa::Portable;  ///< the set the pointers below belong to
-  /// The pass's query rows ([H][head_size] floats, scale applied) in the form block_logits
-  /// reads (BlockLogitsArgs::q_tiles), once per pass, in a buffer of the calling thread's that
-  /// holds them until its next call; null where block_logits reads the floats.
-  const std::uint32_t* (*prepare_query)(const float* q, int head_size) = nullptr;
+  /// The pass's query rows ([H][head_size] floats, without the scale: block_logits applies it
+  /// to the sums) in the form block_logits reads (BlockLogitsArgs::q_tiles), once per pass, in a
+  /// buffer of the calling thread's that holds them until its next call; null where
+  /// block_logits reads BlockLogitsArgs::q, which holds the scale.
+  QueryTiles (*prepare_query)(const float* q, int head_size) = nullptr;
   void (*block_logits)(const BlockLogitsArgs<CacheT>&, BlockPrefetcher&) = nullptr;
   void (*chunk_values)(const ChunkValuesArgs<CacheT>&, BlockPrefetcher&, int d_begin, int d_end) = nullptr;
   RowLoops rows{};

@@ -47,6 +47,12 @@ struct HostPath {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, rows), [&](int r) { f(r, 0, D); });
   }
 
+  /// The factor the query is loaded with: the scale, or 1 where the loops' q.k applies it to the
+  /// sums (HostLoops::prepare_query), so that a bf16 or f16 query stays exact.
+  KOKKOS_INLINE_FUNCTION float query_factor(float scale) const {
+    return loops.prepare_query != nullptr ? 1.0f : scale;
+  }
+
   /// load_scaled / store_scaled (numeric_types.hpp): contiguous rows through the instruction
   /// set's row conversions, strided ones element by element.
   KPA_HOST_ONLY_BODY
@@ -98,7 +104,7 @@ struct HostPath {
     int prefetch_ids[kPrefetchBlocks];  // this member's share of the next chunk's blocks
     // The query in the form the loops' q.k reads, where their set has that step: each member
     // prepares its own copy (the pass's query is in scratch, the team past a barrier).
-    const std::uint32_t* q_tiles = loops.prepare_query != nullptr ? loops.prepare_query(s.q, D) : nullptr;
+    const QueryTiles q_tiles = loops.prepare_query != nullptr ? loops.prepare_query(s.q, D) : QueryTiles{};
     for (int chunk_begin = c.begin; chunk_begin < c.end; chunk_begin += CT) {
       const int tokens = (c.end - chunk_begin < CT) ? c.end - chunk_begin : CT;
       const int blocks = (tokens + B - 1) / B;
@@ -126,7 +132,7 @@ struct HostPath {
           prefetch_bytes(c.value_head + block_id * c.block_stride, block_bytes);
         }
         loops.block_logits(BlockLogitsArgs<CacheT>{c.key_head + block_id * c.block_stride, B, D, slots, s.q,
-                                                   s.probs + lb * B, CT, q_tiles},
+                                                   s.probs + lb * B, CT, q_tiles, c.scale},
                            prefetcher);
       });
       member.team_barrier();  // every member's logits and block ids are in scratch

@@ -97,6 +97,7 @@ struct PassContext {
   std::int64_t table_stride;
   int begin, end;            ///< keys of the pass (begin on a block boundary)
   int head_size, block_size, chunk_tokens;
+  float scale;               ///< multiplies q.k (KernelParams::scale)
   QueryRow row[H];
   AttentionVariant variant;
   TileScratch scratch;
