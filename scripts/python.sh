@@ -22,7 +22,7 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 log() { printf '[kpa python] %s\n' "$*" >&2; }
-build=${BUILD_DIR:-$repo/build}
+build=$(realpath -m "${BUILD_DIR:-$repo/build}")  # pip builds in python/: an absolute path
 torch2=0 test=0
 for arg in "$@"; do
   case "$arg" in

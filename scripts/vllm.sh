@@ -22,7 +22,7 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 log() { printf '[kpa vllm] %s\n' "$*" >&2; }
-build=${BUILD_DIR:-$repo/build}
+build=$(realpath -m "${BUILD_DIR:-$repo/build}")  # pip builds in python/: an absolute path
 version=${KPA_VLLM_VERSION:-0.32.0}
 venv=$repo/.deps/vllm-$version
 test=0 throughput=0
