@@ -27,10 +27,11 @@
 #      bounded run from the committed seed corpus (KPA_FUZZ_SECONDS, default 60).
 #   6. Where nvcc is found (unless KPA_SKIP_CUDA=1), CUDA build (Kokkos Serial + OpenMP + CUDA for
 #      KPA_CUDA_ARCH, default AMPERE80, <repo>/build-cuda) against the host build's Kokkos version
-#      (each with its CUDA 13 patch, scripts/patches/): the library, the unit and parity tests,
-#      kpa-bench and the headers (C++17) compiled and linked (the GPU check's programs), the unit-test
-#      binary and libkpa.so checked for machine code of that architecture (and for no kernel
-#      launched through constant memory), the installed package built by a separate project; the
+#      (each with its CUDA 13 patch, scripts/patches/): the library and the parity tests compiled
+#      and linked (the unit tests, kpa-bench and each header alone are compiled for CUDA where a
+#      GPU runs them, below, and by scripts/gpu-check.sh --bundle), the parity-test binary and
+#      libkpa.so checked for machine code of that architecture (and for no kernel launched
+#      through constant memory), the installed package built by a separate project; the
 #      self-contained host libkpa (<repo>/build-self-contained: its own static Kokkos, the C ABI
 #      alone exported), its C ABI tests, alone and with the host build's libkpa started beside it
 #      in one process; the PyTorch operators' CUDA extension built against torch 2.13, the CUDA
@@ -99,10 +100,10 @@ fi
 cuda_build=${CUDA_BUILD_DIR:-$repo/build-cuda}
 arch=${KPA_CUDA_ARCH:-AMPERE80}
 log "CUDA build ($arch, Kokkos $KPA_KOKKOS_VERSION) in $cuda_build"
-# What the GPU check runs, and every header as C++17 (the host build compiles them as C++20 too);
-# the Google Benchmark programs are the host build's.
-BUILD_DIR=$cuda_build "$repo/scripts/build.sh" --cuda kpa kpa-unit-tests kpa-parity-tests kpa-bench kpa-decode \
-  kpa-header-checks
+# The library (every kernel of the C ABI) and the parity tests (the device path against the host
+# path); the other programs a GPU runs are built below where there is one, and by
+# scripts/gpu-check.sh --bundle (the host build compiles every header alone, C++17 and C++20).
+BUILD_DIR=$cuda_build "$repo/scripts/build.sh" --cuda kpa kpa-parity-tests
 
 host_build=$repo/build-self-contained
 log "the CUDA package's host library: a libkpa with its own Kokkos, in $host_build, and its C ABI tests"
@@ -118,14 +119,14 @@ package=$("$cuda_venv/bin/python" -c 'import kpa, os; assert kpa.built_for_cuda,
 objdump -p "$package"/_torch_ops*.so | grep -q 'NEEDED.*libc10_cuda' ||
   { log "the extension does not link torch's CUDA library"; exit 1; }
 python3 "$repo/scripts/check_device_code.py" --arch "${arch//[!0-9]/}" --no-constant-memory-launch \
-  "$cuda_build/unit_tests/kpa-unit-tests" "$cuda_build/perf_tests/kpa-bench" "$(readlink -f "$cuda_build/libkpa.so")" \
-  "$package/libkpa.so"
+  "$cuda_build/unit_tests/kpa-parity-tests" "$(readlink -f "$cuda_build/libkpa.so")" "$package/libkpa.so"
 log "machine-code gates of the device kernel (sm_80, sm_90)"
 CUDA_BUILD_DIR=$cuda_build "$repo/scripts/device-gates.sh" "$(readlink -f "$cuda_build/libkpa.so")"
 gpu_sm=$("$repo/scripts/gpu-sm.sh")
 build_sm=${arch//[!0-9]/}
 if [ -n "$gpu_sm" ] && [ "${gpu_sm:0:1}" = "${build_sm:0:1}" ]; then
   log "GPU found: running the CUDA build's tests and the pytest suite on CUDA tensors"
+  BUILD_DIR=$cuda_build "$repo/scripts/build.sh" --cuda kpa-unit-tests kpa-bench kpa-decode kpa-header-checks
   (cd "$cuda_build" && OMP_NUM_THREADS=2 OMP_PROC_BIND=false ctest -j 2 --output-on-failure)
   (cd "$repo/python/tests" && KPA_TEST_DEVICE=cuda OMP_NUM_THREADS=2 OMP_PROC_BIND=false \
     "$cuda_venv/bin/python" -m pytest -q -p no:cacheprovider)
