@@ -88,14 +88,12 @@ KPA_IMPL_AVX2 void split_rows_in_pairs(const float* src, int src_stride, int n, 
 /// Head sizes up to which block_logits takes q.k (its repacked keys live on the stack).
 inline constexpr int kMaxHeadSize = 256;
 
-/// Whether all n words are zero.
+/// Whether all n words are zero, n a multiple of 8 (a part of the query: H x head_size / 2 words,
+/// head sizes multiples of 32).
 KPA_IMPL_AVX2_INLINE inline bool all_zero(const std::uint32_t* words, int n) {
   __m256i any = _mm256_setzero_si256();
-  int i = 0;
-  for (; i + 8 <= n; i += 8) any = _mm256_or_si256(any, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i)));
-  std::uint32_t rest = 0;
-  for (; i < n; ++i) rest |= words[i];
-  return rest == 0 && _mm256_testz_si256(any, any) != 0;
+  for (int i = 0; i < n; i += 8) any = _mm256_or_si256(any, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i)));
+  return _mm256_testz_si256(any, any) != 0;
 }
 
 /// The pass's query rows (unscaled) as q.k's B tiles, in the thread's buffer: part p of
