@@ -2,7 +2,7 @@
 # kpa's PyTorch operators (python/): pip-installs the package into a virtual environment against
 # a torch, and with --test runs its pytest suite there.
 #
-#   scripts/python.sh [--torch2] [--test]
+#   scripts/python.sh [--torch2] [--test] [--env-only]
 #
 # The torch: by default the distribution's (torch 1.13, with pytest and venv; installed by
 # scripts/bootstrap-deps.sh --python). With --torch2, torch KPA_TORCH2_VERSION (default 2.13.0, a
@@ -17,17 +17,19 @@
 # KPA_HOST_PREFIX if set, else scripts/build.sh --self-contained's, installed into
 # <repo>/build-self-contained/python-prefix. The environment: KPA_PYTHON_VENV (default
 # BUILD_DIR/python-venv, or BUILD_DIR/python-venv-torch2); use it with
-# `$KPA_PYTHON_VENV/bin/python -c "import kpa"`.
+# `$KPA_PYTHON_VENV/bin/python -c "import kpa"`. The package's wheel: KPA_PYTHON_VENV-wheel/.
+# --env-only makes the torch environment and stops there.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 log() { printf '[kpa python] %s\n' "$*" >&2; }
 build=$(realpath -m "${BUILD_DIR:-$repo/build}")  # pip builds in python/: an absolute path
-torch2=0 test=0
+torch2=0 test=0 env_only=0
 for arg in "$@"; do
   case "$arg" in
     --torch2) torch2=1 ;;
     --test) test=1 ;;
+    --env-only) env_only=1 ;;
     *) log "unknown option $arg (see the header of $0)"; exit 2 ;;
   esac
 done
@@ -58,6 +60,8 @@ else
   [ -x "$venv/bin/python" ] || "$python" -m venv --system-site-packages "$venv"
 fi
 
+[ "$env_only" = 0 ] || exit 0
+
 if [ -z "${KPA_PREFIX:-}" ]; then
   if [ -e "$build/libkpa.so" ]; then
     export KPA_PREFIX=$build/python-prefix
@@ -79,8 +83,12 @@ if [ -z "${KPA_HOST_PREFIX:-}" ] && [ -n "${KPA_PREFIX:-}" ] && cuda_kpa "$KPA_P
 fi
 log "pip install python/ into $venv (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'), kpa from ${KPA_PREFIX:-a build of this tree}${KPA_HOST_PREFIX:+, host library from $KPA_HOST_PREFIX})"
 # --no-build-isolation: build against the torch the package will run with; --no-index: nothing
-# is fetched, every dependency is in the environment already.
-"$venv/bin/python" -m pip install --quiet --no-build-isolation --no-index --no-deps "$repo/python"
+# is fetched, every dependency is in the environment already. The wheel stays beside the
+# environment (scripts/vllm.sh installs it into vLLM's, which shares the torch 2.13 one).
+wheels=$venv-wheel
+rm -rf "$wheels"
+"$venv/bin/python" -m pip wheel --quiet --no-build-isolation --no-index --no-deps -w "$wheels" "$repo/python"
+"$venv/bin/python" -m pip install --quiet --no-index --no-deps --force-reinstall "$wheels"/kpa-*.whl
 
 if [ "$test" = 1 ]; then
   log "pytest python/tests${KPA_TEST_DEVICE:+ on $KPA_TEST_DEVICE tensors}"

@@ -16,8 +16,10 @@
 #      distribution's torch 1.13 with the package building libkpa from the tree itself against
 #      Kokkos 3.4.1 (<repo>/build/python-from-source); each time the pytest suite.
 #   3. kpa inside vLLM (scripts/vllm.sh --test): vLLM's CPU build 0.32.0 from the Python package
-#      index (<repo>/.deps/vllm-0.32.0), the package installed there with its plugin, and greedy
-#      generation with vLLM's own CPU attention backend and with kpa's compared end to end.
+#      index (<repo>/.deps/vllm-0.32.0), the package's wheel from step 2 installed there with its
+#      plugin, and greedy generation with vLLM's own CPU attention backend and with kpa's compared
+#      end to end. The Python environments of steps 2 and 3 install while step 1 compiles (output
+#      in <repo>/build/python-envs.log).
 #   4. Sanitizer build against Kokkos 3.4.1, the oldest kpa supports (<repo>/build-asan): the unit
 #      tests (their typed tests on OpenMP, whose threads share the memory the sanitizers watch) and
 #      the C ABI tests again, built with AddressSanitizer and UndefinedBehaviorSanitizer; any
@@ -61,9 +63,23 @@ esac
 export KPA_KOKKOS_VERSION=$newest
 
 build=${BUILD_DIR:-$repo/build}
+mkdir -p "$build"
+# The system packages the Python steps need (apt, one install at a time), then their Python
+# environments (torch 2.13 and vLLM's CPU build: downloads, mostly) while the host build compiles.
+"$repo/scripts/bootstrap-deps.sh" --python
+envs_log=$build/python-envs.log
+log "torch 2.13's and vLLM's Python environments installing meanwhile (output: $envs_log)"
+(BUILD_DIR=$build "$repo/scripts/vllm.sh" --env-only >"$envs_log" 2>&1) &
+envs_pid=$!
+
 log "host build against Kokkos $newest in $build"
 BUILD_DIR=$build "$repo/scripts/build.sh"
 run_ctest "$build"
+if ! wait "$envs_pid"; then
+  tail -n 50 "$envs_log" >&2
+  log "the Python environments failed to install (all of their output: $envs_log)"
+  exit 1
+fi
 
 asan_build=${ASAN_BUILD_DIR:-$repo/build-asan}
 asan_log=$build/sanitizer-build.log
@@ -79,7 +95,7 @@ log "PyTorch operators again on torch 1.13, the package building libkpa itself a
 BUILD_DIR=$build/python-from-source KPA_KOKKOS_VERSION=3.4.1 "$repo/scripts/python.sh" --test
 
 log "kpa as vLLM's attention backend: vLLM's CPU build, end to end"
-BUILD_DIR=$build "$repo/scripts/vllm.sh" --test
+KPA_VLLM_WHEEL=$(echo "$build"/python-venv-torch2-wheel/kpa-*.whl) BUILD_DIR=$build "$repo/scripts/vllm.sh" --test
 
 log "sanitizer build: waiting for it to finish compiling, then its tests"
 if ! wait "$asan_pid"; then

@@ -16,6 +16,7 @@
 #include "host_loops/avx2.hpp"
 #include "host_loops/avx512.hpp"
 #include "host_loops/amx.hpp"
+#include "host_loops/model_loops.hpp"
 #endif
 
 #include <cstdint>
@@ -32,33 +33,15 @@ HostIsa compiled_host_isa() {
 #endif
 }
 
-#ifdef KPA_IMPL_X86_LOOPS
-/// The AMX set's loops over the tile mapping Tiles, where the sizes suit its tiles.
-template <class Tiles, int H, class CacheT>
-void use_tile_loops(HostLoops<H, CacheT>& loops, HostIsa isa, int head_size, int block_size) {
-  if constexpr (amx::has_loops<CacheT>) {
-    if (head_size % 32 == 0 && head_size <= amx::kMaxHeadSize) {
-      loops.isa = isa;
-      loops.prepare_query = &amx::prepare_query<H>;
-      loops.block_logits = &amx::block_logits<H, CacheT, Tiles>;
-    }
-    if (amx::has_value_tiles(block_size)) {
-      loops.isa = isa;
-      loops.chunk_values = &amx::chunk_values<H, CacheT, Tiles>;
-    }
-  }
-}
-#endif
-
 template <int H, class CacheT>
 HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size) {
   if (isa == HostIsa::Amx || isa == HostIsa::AmxModel) {
     HostLoops<H, CacheT> loops = host_loops<H, CacheT>(vector_isa(isa), head_size, block_size);
 #ifdef KPA_IMPL_X86_LOOPS
     if (isa == HostIsa::Amx) {
-      use_tile_loops<amx::AmxTiles>(loops, isa, head_size, block_size);
+      amx::use_tile_loops<amx::AmxTiles>(loops, isa, head_size, block_size);
     } else {
-      use_tile_loops<amx::TileModel>(loops, isa, head_size, block_size);
+      use_model_loops(loops, head_size, block_size);
     }
 #endif
     return loops;
@@ -69,25 +52,21 @@ HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size) {
   loops.chunk_values = &portable::chunk_values<H, CacheT>;
   loops.rows = host_row_loops(isa);
 #ifdef KPA_IMPL_X86_LOOPS
-  constexpr int X = static_cast<int>(16 / sizeof(CacheT));  // elements of a key vector
   if (isa >= HostIsa::Avx2) {
     loops.isa = HostIsa::Avx2;
-    if (head_size % 8 == 0) loops.block_logits = &avx2::block_logits<H, CacheT>;
-    loops.chunk_values = &avx2::chunk_values<H, CacheT>;
+    if (head_size % 8 == 0) loops.block_logits = &avx2::block_logits<H, CacheT, avx2::Avx2>;
+    loops.chunk_values = &avx2::chunk_values<H, CacheT, avx2::Avx2>;
   }
   if constexpr (avx512::has_loops<CacheT>) {
-    if (isa >= HostIsa::Avx512) {
-      // fp8 codes widen through byte lookups where the CPU has VBMI.
-      const bool lookup = sizeof(CacheT) == 1 && isa >= HostIsa::Avx512Vbmi;
-      loops.isa = lookup ? HostIsa::Avx512Vbmi : HostIsa::Avx512;
-      if (head_size % X == 0) {
-        loops.block_logits = lookup ? &avx512::block_logits<H, CacheT, avx512::Avx512Vbmi>
-                                    : &avx512::block_logits<H, CacheT, avx512::Avx512>;
-      }
-      if (avx512::has_value_tiles(block_size)) {
-        loops.chunk_values = lookup ? &avx512::chunk_values<H, CacheT, avx512::Avx512Vbmi>
-                                    : &avx512::chunk_values<H, CacheT, avx512::Avx512>;
-      }
+    if (isa < HostIsa::Avx512) return loops;
+    // fp8 codes widen through byte lookups where the CPU has VBMI.
+    if (sizeof(CacheT) == 1 && isa >= HostIsa::Avx512Vbmi) {
+      avx512::use_loops(loops, HostIsa::Avx512Vbmi, head_size, block_size,
+                        &avx512::block_logits<H, CacheT, avx512::Avx512Vbmi>,
+                        &avx512::chunk_values<H, CacheT, avx512::Avx512Vbmi>);
+    } else {
+      avx512::use_loops(loops, HostIsa::Avx512, head_size, block_size, &avx512::block_logits<H, CacheT, avx512::Avx512>,
+                        &avx512::chunk_values<H, CacheT, avx512::Avx512>);
     }
   }
 #else

@@ -19,8 +19,9 @@ enum class HostIsa {
   /// Avx512Vbmi with AMX-BF16 tiles (Sapphire Rapids and later, where the kernel grants the
   /// process the tile state): q.k and p.V as tile products for bf16 and fp8 caches.
   Amx,
-  /// Not a level of the CPU: Amx's tile loops over a software model of the tile instructions, with
-  /// AVX2 around them, so the AMX code runs on any AVX2 CPU (for tests; never chosen by itself).
+  /// Not a level of the CPU: Amx's loops on any AVX2 CPU, its tiles over a software model of the
+  /// tile instructions and its 16-lane AVX-512 tiles over pairs of AVX2 registers (for tests;
+  /// never chosen by itself).
   AmxModel,
 };
 

@@ -59,7 +59,7 @@ const char* kpa_version(void);
 /* The instruction set of the host kernels (the attention calls on a host back end: every call of
  * a CPU build, KPA_MEMORY_HOST calls of a GPU build): "amx", "avx512vbmi", "avx512", "avx2" or
  * "portable", the best this CPU has whatever flags the library was built with (KPA_HOST_ISA may
- * name a lesser one, or "amx-model": the AMX loops over a software model of the tiles). */
+ * name a lesser one, or "amx-model": the AMX level's loops over software models, on AVX2). */
 const char* kpa_host_isa(void);
 
 /* Whether calls check the indices they follow before launching (nonzero, the default) or trust

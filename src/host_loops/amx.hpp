@@ -264,9 +264,25 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
   }
   Tiles::release();
   if (d0 < d_end) {
-    avx2::chunk_values<H, CacheT>(a, prefetch, d0, d_end);
+    avx2::chunk_values<H, CacheT, avx2::Avx2>(a, prefetch, d0, d_end);
   } else {
     prefetch.finish();
+  }
+}
+
+/// The AMX loops over the tile mapping Tiles in `loops`, as `isa`, where the sizes suit its tiles.
+template <class Tiles, int H, class CacheT>
+void use_tile_loops(HostLoops<H, CacheT>& loops, HostIsa isa, int head_size, int block_size) {
+  if constexpr (has_loops<CacheT>) {
+    if (head_size % 32 == 0 && head_size <= kMaxHeadSize) {
+      loops.isa = isa;
+      loops.prepare_query = &prepare_query<H>;
+      loops.block_logits = &block_logits<H, CacheT, Tiles>;
+    }
+    if (has_value_tiles(block_size)) {
+      loops.isa = isa;
+      loops.chunk_values = &chunk_values<H, CacheT, Tiles>;
+    }
   }
 }
 

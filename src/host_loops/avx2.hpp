@@ -2,12 +2,8 @@
 // The AVX2 + FMA + F16C host loops (include/kpa/detail/host_loops.hpp says what each computes),
 // on the x86 mapping layer (x86_simd.hpp).
 //
-// Register tiles (16 ymm registers):
-//   q.k    rows of a pass in groups of HG, slots in groups of S; one accumulator of 8 dimension
-//          lanes per (slot, row), reduced 8 at a time by a transposing hadd tree;
-//   p.V    rows in groups of HG, output dimensions in groups of R; one accumulator of 8 slot
-//          lanes per (row, dimension) over the whole chunk, reduced once at its end.
-// Each cache vector is converted to float once and used for HG rows.
+// The q.k and p.V register tiles are x86_tiles.inc's over the 8-lane mapping Avx2 (16 ymm
+// registers); the row loops and the query and output conversions are AVX2's own.
 
 #include "x86_simd.hpp"
 
@@ -79,200 +75,79 @@ KPA_IMPL_AVX2 inline void row_add_ramp(float* p, int n, float slope, float offse
   }
 }
 
-// ---- q.k ----
+// ---- The 8-lane mapping of the register tiles (x86_tiles.inc) ----
 
-/// Head groups per register tile: at most four heads, three for groups of six.
-template <int H>
-inline constexpr int kHeadTile = H == 6 ? 3 : (H < 4 ? H : 4);
+/// AVX2's mapping: 16 ymm registers of 8 floats; fp8 codes widened 16 at a time.
+struct Avx2 {
+  using Vec = __m256;
+  static constexpr int kLanes = 8;
+  static constexpr int kRegisters = 16;
+  /// Rows per tile: at most four, three for groups of six.
+  static constexpr int head_tile(int H) { return H == 6 ? 3 : (H < 4 ? H : 4); }
+  /// Key registers per q.k tile: HG x KR accumulators beside KR key registers (for one row, 8,
+  /// each key register going straight into its FMA).
+  static constexpr int key_tile(int HG) { return HG == 1 ? 8 : (HG == 2 ? 4 : (HG == 3 ? 3 : 2)); }
+  /// Value registers (dimensions) per p.V tile: HG x R accumulators, R value registers.
+  static constexpr int row_tile(int HG) { return key_tile(HG); }
+  using ValueBlockSizes = std::integer_sequence<int, 8, 16, 32>;  // vLLM's small block sizes
+  static constexpr bool kAnyBlockSize = true;
 
-/// Slots per q.k register tile for HG heads: S x HG accumulators, S key vectors, one query vector
-/// (for one head, 8 slots, whose key vectors go straight into their FMAs: a block of 16 has no
-/// remainder for the one-slot tile).
-template <int HG>
-inline constexpr int kSlotTile = HG == 1 ? 8 : (HG == 2 ? 4 : (HG == 3 ? 3 : 2));
-
-/// q.k of a block, for head sizes that are multiples of 8.
-template <int H, class CacheT>
-KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
-  constexpr int HG = kHeadTile<H>;
-  constexpr int S = kSlotTile<HG>;
-  static_assert(H % HG == 0, "head tiles divide the heads of a pass");
-  prefetch.pace(H / HG * ((a.slots + S - 1) / S));
-  for (int g0 = 0; g0 < H; g0 += HG) {
-    int slot = 0;
-    for (; slot + S <= a.slots; slot += S) logits_slots<S, HG>(a, prefetch, g0, slot);
-    for (; slot < a.slots; ++slot) logits_slots<1, HG>(a, prefetch, g0, slot);
-  }
-  prefetch.finish();
-}
-
-// ---- p.V ----
-
-/// Output rows per register tile for HG heads: HG x R accumulators, R value rows, one
-/// probability register (for one head, 8 rows: head sizes are multiples of 8).
-template <int HG>
-inline constexpr int kRowTile = HG == 1 ? 8 : (HG == 2 ? 4 : (HG == 3 ? 3 : 2));
-
-/// o[g][d] += sums[g][d] for rows [g0, g0 + HG) and dimensions [d0, d0 + R), the sums times
-/// 1 / Load::scale.
-template <int HG, int R, class CacheT>
-inline void add_values_sums(const ChunkValuesArgs<CacheT>& a, const float (&sums)[HG * R], int g0, int d0) {
-  for (int g = 0; g < HG; ++g) {
-    for (int r = 0; r < R; ++r) a.o[(g0 + g) * a.head_size + d0 + r] += sums[g * R + r] * Load<CacheT>::scale;
-  }
-}
-
-/// add_values_sums of the tile's HG x R accumulators of 8 slot lanes each.
-template <int HG, int R, class CacheT>
-KPA_IMPL_AVX2 inline void finish_values_tile(const ChunkValuesArgs<CacheT>& a, const __m256 (&acc)[HG * R], int g0,
-                                             int d0) {
-  float sums[HG * R];
-  reduce_lanes(acc, sums);
-  add_values_sums<HG, R>(a, sums, g0, d0);
-}
-
-/// o[g][d] += sum over the runs of p_g * v[d] for rows [g0, g0 + HG) and dimensions
-/// [d0, d0 + R). For a block size B that is a multiple of 8:
-/// whole blocks fully unrolled with the accumulators in registers; the last run, if partly
-/// filled, loads whole vectors of its block and zeroes the lanes past its slots (they may hold
-/// NaN: a zero lane, not 0 * NaN).
-template <int HG, int R, int B, class CacheT>
-KPA_IMPL_AVX2 inline void values_tile_fixed(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch,
-                                            const ValueRun<CacheT>* runs, int count, int g0, int d0) {
-  static_assert(B % 8 == 0, "whole vectors per block row");
-  const std::int64_t row0 = static_cast<std::int64_t>(d0) * B;
-  const int ps = a.probs_stride;
-  __m256 acc[HG * R];
-#pragma GCC unroll 16
-  for (int i = 0; i < HG * R; ++i) acc[i] = _mm256_setzero_ps();
-  const int full = count > 0 && runs[count - 1].slots < B ? count - 1 : count;
-  BlockPrefetcher::Run ahead = values_ahead(prefetch, full, B);
-  for (int run = 0; run < full; ++run) {
-    const CacheT* v = runs[run].values + row0;
-    const float* p = runs[run].probs + g0 * ps;
-    if constexpr (sizeof(CacheT) == 1 && B % 16 == 0) {  // fp8: 16 slots of a row widened at once
-#pragma GCC unroll 2
-      for (int j = 0; j < B; j += 16) {
-        ask_ahead(ahead);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          __m256 lo, hi;
-          load_sixteen(v + r * B + j, lo, hi);
-#pragma GCC unroll 4
-          for (int g = 0; g < HG; ++g) {
-            acc[g * R + r] = _mm256_fmadd_ps(_mm256_loadu_ps(p + g * ps + j), lo, acc[g * R + r]);
-            acc[g * R + r] = _mm256_fmadd_ps(_mm256_loadu_ps(p + g * ps + j + 8), hi, acc[g * R + r]);
-          }
-        }
-      }
+  KPA_IMPL_AVX2_INLINE static Vec zero() { return _mm256_setzero_ps(); }
+  KPA_IMPL_AVX2_INLINE static Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  KPA_IMPL_AVX2_INLINE static Vec load(const float* p) { return _mm256_loadu_ps(p); }
+  KPA_IMPL_AVX2_INLINE static Vec load_first(const float* p, int n) { return _mm256_maskload_ps(p, first_lanes(n)); }
+  KPA_IMPL_AVX2_INLINE static void hold(Vec& v) { KPA_IMPL_IN_REGISTER(v); }
+  template <int SPR>
+  KPA_IMPL_AVX2_INLINE static Vec load_query(const float* q) {
+    if constexpr (SPR == 2) {
+      return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(q));
     } else {
-#pragma GCC unroll 4
-      for (int j = 0; j < B; j += 8) {
-        if (j % 16 == 0) ask_ahead(ahead);
-        __m256 vv[R];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) vv[r] = Load<CacheT>::eight(v + r * B + j);
-#pragma GCC unroll 4
-        for (int g = 0; g < HG; ++g) {
-          __m256 pv = _mm256_loadu_ps(p + g * ps + j);
-          KPA_IMPL_IN_REGISTER(pv);
-#pragma GCC unroll 8
-          for (int r = 0; r < R; ++r) acc[g * R + r] = _mm256_fmadd_ps(pv, vv[r], acc[g * R + r]);
-        }
-      }
+      return _mm256_loadu_ps(q);
     }
   }
-  if (full < count) {
-    const CacheT* v = runs[full].values + row0;
-    const float* p = runs[full].probs + g0 * ps;
-    const int slots = runs[full].slots;
-    for (int j = 0; j < slots; j += 8) {
-      const __m256i mask = first_lanes(slots - j);
-      __m256 vv[R];
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) vv[r] = _mm256_and_ps(Load<CacheT>::eight(v + r * B + j), _mm256_castsi256_ps(mask));
-#pragma GCC unroll 4
-      for (int g = 0; g < HG; ++g) {
-        const __m256 pv = _mm256_maskload_ps(p + g * ps + j, mask);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) acc[g * R + r] = _mm256_fmadd_ps(pv, vv[r], acc[g * R + r]);
-      }
-    }
+  template <class CacheT>
+  static constexpr int widen_group() {
+    return sizeof(CacheT) == 1 ? 2 : 1;
   }
-  finish_values_tile<HG, R>(a, acc, g0, d0);
-}
-
-/// values_tile_fixed for any block size: a block row may end inside a vector, so the last
-/// vector of each run is read only as far as its slots.
-template <int HG, int R, class CacheT>
-KPA_IMPL_AVX2 inline void values_tile(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch,
-                                      const ValueRun<CacheT>* runs, int count, int g0, int d0) {
-  const int B = a.block_size;
-  const std::int64_t row0 = static_cast<std::int64_t>(d0) * B;
-  __m256 acc[HG * R];
+  template <int N, class CacheT>
+  KPA_IMPL_AVX2_INLINE static void widen(const CacheT* p, Vec* out) {
+    int i = 0;
+    if constexpr (sizeof(CacheT) == 1) {
+#pragma GCC unroll 8
+      for (; i + 2 <= N; i += 2) load_sixteen(p + 8 * i, out[i], out[i + 1]);
+    }
 #pragma GCC unroll 16
-  for (int i = 0; i < HG * R; ++i) acc[i] = _mm256_setzero_ps();
-  BlockPrefetcher::Run ahead = values_ahead(prefetch, count, B);
-  for (int run = 0; run < count; ++run) {
-    const CacheT* v = runs[run].values + row0;
-    const float* p = runs[run].probs + g0 * a.probs_stride;
-    const int slots = runs[run].slots;
-    int j = 0;
-    for (; j + 8 <= slots; j += 8) {
-      if (j % 16 == 0) ask_ahead(ahead);
-      __m256 vv[R];
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) vv[r] = Load<CacheT>::eight(v + r * B + j);
-#pragma GCC unroll 4
-      for (int g = 0; g < HG; ++g) {
-        __m256 pv = _mm256_loadu_ps(p + g * a.probs_stride + j);
-        KPA_IMPL_IN_REGISTER(pv);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) acc[g * R + r] = _mm256_fmadd_ps(pv, vv[r], acc[g * R + r]);
-      }
-    }
-    if (j < slots) {  // slots past the sequence or the block may hold NaN: zero lanes, not 0 * NaN
-      if (j % 16 == 0) ask_ahead(ahead);
-      const int n = slots - j;
-      const __m256i mask = first_lanes(n);
-      __m256 vv[R];
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) vv[r] = load_first(v + r * B + j, n);
-#pragma GCC unroll 4
-      for (int g = 0; g < HG; ++g) {
-        const __m256 pv = _mm256_maskload_ps(p + g * a.probs_stride + j, mask);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) acc[g * R + r] = _mm256_fmadd_ps(pv, vv[r], acc[g * R + r]);
-      }
+    for (; i < N; ++i) out[i] = Load<CacheT>::eight(p + 8 * i);
+  }
+  template <class CacheT>
+  KPA_IMPL_AVX2_INLINE static Vec widen_first(const CacheT* p, int n) {
+    return x86::load_first(p, n);
+  }
+  template <int SPR, int N>
+  static constexpr int sums_capacity() {
+    return SPR == 2 ? kHalvesCapacity8<N> : N;
+  }
+  template <int SPR, int N>
+  KPA_IMPL_AVX2_INLINE static void sums(const Vec (&acc)[N], float* out) {
+    if constexpr (SPR == 2) {
+      reduce_halves8(acc, out);
+    } else {
+      reduce_lanes(acc, out);
     }
   }
-  finish_values_tile<HG, R>(a, acc, g0, d0);
-}
-
-template <int H, class CacheT>
-KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin, int d_end) {
-  constexpr int HG = kHeadTile<H>;
-  constexpr int R = kRowTile<HG>;
-  prefetch.pace(H / HG * ((d_end - d_begin + R - 1) / R));
-  ValueRun<CacheT> runs[kMaxRuns];
-  for (int first = 0; first < a.blocks; first += kMaxRuns) {
-    const int count = attended_runs(a, first, runs);
-    for (int g0 = 0; g0 < H; g0 += HG) {
-      int d = d_begin;
-      for (; d + R <= d_end; d += R) {
-        switch (a.block_size) {  // vLLM's block sizes
-          case 8: values_tile_fixed<HG, R, 8>(a, prefetch, runs, count, g0, d); break;
-          case 16: values_tile_fixed<HG, R, 16>(a, prefetch, runs, count, g0, d); break;
-          case 32: values_tile_fixed<HG, R, 32>(a, prefetch, runs, count, g0, d); break;
-          default: values_tile<HG, R>(a, prefetch, runs, count, g0, d); break;
-        }
-      }
-      for (; d < d_end; ++d) values_tile<HG, 1>(a, prefetch, runs, count, g0, d);
-    }
+  template <int W>
+  KPA_IMPL_AVX2_INLINE static void store_scaled(const float* src, float scale, float* dst) {
+    store_scaled_span<W>(src, scale, dst);
   }
-  prefetch.finish();
-}
+  template <int W>
+  KPA_IMPL_AVX2_INLINE static void add_scaled(const float* src, float scale, float* o) {
+    add_scaled_span<W>(src, scale, o);
+  }
+};
 
+KPA_IMPL_BEGIN_TARGET("avx2,fma,f16c")
+#include "x86_tiles.inc"
+KPA_IMPL_END_TARGET
 
 // ---- Query and output rows ----
 

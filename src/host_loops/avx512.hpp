@@ -1,23 +1,14 @@
 #pragma once
 // The AVX-512 (F, BW, VL, DQ) host loops that carry the arithmetic, q.k (block_logits) and p.V
-// (chunk_values), for 16- and 8-bit caches, on the x86 mapping layer (x86_simd.hpp) plus the
-// 16-lane mappings below; host_loops.cpp pairs them with the AVX2 row loops and keeps the AVX2
-// set for f32 caches and, for p.V, block sizes other than 16, 32, 64 and 128.
-//
-// Register tiles (32 zmm registers), each register 16 cache elements widened to float:
-//   q.k    a key register holds 16 consecutive elements of one key-vector row of the block: two
-//          slots x 8 dimensions for 16-bit caches (the query's 8 dimensions broadcast to both
-//          halves), one slot x 16 dimensions for fp8; accumulators per (row, key register) over
-//          the head size, for HG rows x KR key registers;
-//   p.V    a value register holds 16 slots of one dimension's row; accumulators per (row,
-//          dimension) over the chunk, reduced once at its end.
-// A tile's accumulators are reduced by a transposing tree, 8 registers into one register of
-// sums in order (reduce_halves, reduce_all), which the tile adds to its logits or output rows
-// a row at a time in whole vectors.
-// A tile takes all rows of a GQA group of up to 8 (kHeadTile), so each cache element is widened
-// once per pass. The tiles are written once over a widening mapping: Avx512 widens fp8 codes
-// through binary16 (64 at a time where four registers' codes are adjacent, else 32); Avx512Vbmi
-// (HostIsa::Avx512Vbmi) widens groups of 64 through byte lookups straight to floats.
+// (chunk_values), for 16- and 8-bit caches: x86_tiles.inc's register tiles over the 16-lane
+// mappings below (32 zmm registers; two slots x 8 dimensions per key register for 16-bit caches,
+// the query's 8 dimensions broadcast to both halves, one slot x 16 dimensions for fp8).
+// host_loops.cpp pairs them with the AVX2 row loops and keeps the AVX2 set for f32 caches and,
+// for p.V, block sizes other than 16, 32, 64 and 128.
+// A tile's accumulators are reduced by a transposing tree, 8 registers into one register of sums
+// in order (reduce_halves, reduce_all). Avx512 widens fp8 codes through binary16 (64 at a time
+// where four registers' codes are adjacent, else 32); Avx512Vbmi (HostIsa::Avx512Vbmi) widens
+// groups of 64 through byte lookups straight to floats.
 
 #include "x86_simd.hpp"
 
@@ -185,56 +176,6 @@ KPA_IMPL_AVX512_INLINE inline void fp8_as_float64(const CacheT* p, __m512* out) 
   out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, second));
 }
 
-/// The 16-lane widening mappings the tiles are written over: out[i] = the 16 cache elements at
-/// p + 16 i as floats (times 1 / Load<CacheT>::scale). Avx512 widens fp8 codes through binary16,
-/// four registers at a time where there are four, else two.
-struct Avx512 {
-  template <int N, class CacheT>
-  KPA_IMPL_AVX512_INLINE static void load_consecutive(const CacheT* p, __m512 (&out)[N]) {
-    int i = 0;
-    if constexpr (sizeof(CacheT) == 1) {
-#pragma GCC unroll 4
-      for (; i + 4 <= N; i += 4) {
-        __m512i lo, hi;
-        fp8_as_half64(p + 16 * i, lo, hi);
-        out[i] = _mm512_cvtph_ps(_mm512_castsi512_si256(lo));
-        out[i + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(lo, 1));
-        out[i + 2] = _mm512_cvtph_ps(_mm512_castsi512_si256(hi));
-        out[i + 3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hi, 1));
-      }
-    }
-    load_rest(p, out, i);
-  }
-
-  /// Registers [i, N) two fp8 registers at a time where there are two, else one by one.
-  template <int N, class CacheT>
-  KPA_IMPL_AVX512_INLINE static void load_rest(const CacheT* p, __m512 (&out)[N], int i) {
-    if constexpr (sizeof(CacheT) == 1) {
-#pragma GCC unroll 2
-      for (; i + 2 <= N; i += 2) {
-        const __m512i h = fp8_as_half32(p + 16 * i);
-        out[i] = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
-        out[i + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-      }
-    }
-#pragma GCC unroll 16
-    for (; i < N; ++i) out[i] = load16(p + 16 * i);
-  }
-};
-
-/// Avx512 with fp8 codes widened four registers at a time through byte lookups (AVX-512 VBMI).
-struct Avx512Vbmi {
-  template <int N, class CacheT>
-  KPA_IMPL_AVX512_INLINE static void load_consecutive(const CacheT* p, __m512 (&out)[N]) {
-    int i = 0;
-    if constexpr (sizeof(CacheT) == 1) {
-#pragma GCC unroll 4
-      for (; i + 4 <= N; i += 4) fp8_as_float64(p + 16 * i, out + i);
-    }
-    Avx512::load_rest(p, out, i);
-  }
-};
-
 /// The same for the first n (0..16) elements, zeros after; nothing past them is read.
 template <class CacheT>
 KPA_IMPL_AVX512_INLINE inline __m512 load16_first(const CacheT* p, int n) {
@@ -310,21 +251,14 @@ KPA_IMPL_AVX512_INLINE inline void reduce_all(const __m512 (&acc)[N], float* out
   reduce_halves(halves, out);
 }
 
-/// dst[i] = src[i] * scale for i < W, in registers of 16, 8 and 4 floats and single floats.
+/// dst[i] = src[i] * scale for i < W, in registers of 16 floats, then as x86::store_scaled_span.
 template <int W>
 KPA_IMPL_AVX512_INLINE inline void store_scaled_span(const float* src, float scale, float* dst) {
   if constexpr (W >= 16) {
     _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_loadu_ps(src), _mm512_set1_ps(scale)));
     store_scaled_span<W - 16>(src + 16, scale, dst + 16);
-  } else if constexpr (W >= 8) {
-    _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_loadu_ps(src), _mm256_set1_ps(scale)));
-    store_scaled_span<W - 8>(src + 8, scale, dst + 8);
-  } else if constexpr (W >= 4) {
-    _mm_storeu_ps(dst, _mm_mul_ps(_mm_loadu_ps(src), _mm_set1_ps(scale)));
-    store_scaled_span<W - 4>(src + 4, scale, dst + 4);
-  } else if constexpr (W >= 1) {
-    dst[0] = src[0] * scale;
-    store_scaled_span<W - 1>(src + 1, scale, dst + 1);
+  } else {
+    x86::store_scaled_span<W>(src, scale, dst);
   }
 }
 
@@ -334,191 +268,147 @@ KPA_IMPL_AVX512_INLINE inline void add_scaled_span(const float* src, float scale
   if constexpr (W >= 16) {
     _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_loadu_ps(src), _mm512_set1_ps(scale), _mm512_loadu_ps(o)));
     add_scaled_span<W - 16>(src + 16, scale, o + 16);
-  } else if constexpr (W >= 8) {
-    _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(src), _mm256_set1_ps(scale), _mm256_loadu_ps(o)));
-    add_scaled_span<W - 8>(src + 8, scale, o + 8);
-  } else if constexpr (W >= 4) {
-    _mm_storeu_ps(o, _mm_fmadd_ps(_mm_loadu_ps(src), _mm_set1_ps(scale), _mm_loadu_ps(o)));
-    add_scaled_span<W - 4>(src + 4, scale, o + 4);
-  } else if constexpr (W >= 1) {
-    o[0] += src[0] * scale;
-    add_scaled_span<W - 1>(src + 1, scale, o + 1);
+  } else {
+    x86::add_scaled_span<W>(src, scale, o);
   }
 }
 
-/// Heads per register tile: a whole group of up to 8 (passes of 16 rows take two tiles).
-template <int H>
-inline constexpr int kHeadTile = H <= 4 || H == 6 ? H : 8;
+// ---- The 16-lane mappings of the register tiles (x86_tiles.inc) ----
 
-// ---- q.k ----
+/// AVX-512's mapping: 32 zmm registers of 16 floats; fp8 codes widened through binary16, four
+/// registers at a time where there are four, else two.
+struct Avx512 {
+  using Vec = __m512;
+  static constexpr int kLanes = 16;
+  static constexpr int kRegisters = 32;
+  /// Rows per tile: a whole group of up to 8 (passes of 16 rows take two tiles).
+  static constexpr int head_tile(int H) { return H <= 4 || H == 6 ? H : 8; }
+  /// Key registers per q.k tile: HG x KR accumulators, KR key registers, one query register (at
+  /// most 29 of the 32; for 8 rows, 2 key registers, so a block of 16 slots has no one-register
+  /// remainder).
+  static constexpr int key_tile(int HG) { return HG <= 2 ? 8 : (HG == 3 ? 6 : (HG <= 6 ? 4 : 2)); }
+  /// Value registers per p.V tile: HG x R accumulators, R value registers, one probability
+  /// register (at most 29 of the 32).
+  static constexpr int row_tile(int HG) {
+    return HG == 1 ? 16 : (HG == 2 ? 8 : (HG == 3 ? 6 : (HG == 4 || HG == 6 ? 4 : 3)));
+  }
+  using ValueBlockSizes = std::integer_sequence<int, 16, 32, 64, 128>;  // has_value_tiles
+  static constexpr bool kAnyBlockSize = false;
 
-/// Key registers per q.k tile for HG heads: HG x KR accumulators, KR key registers, one query
-/// register (at most 29 of the 32; for 8 rows, 2 key registers, so a block of 16 slots has no
-/// one-register remainder).
-template <int HG>
-inline constexpr int kKeyTile = HG <= 2 ? 8 : (HG == 3 ? 6 : (HG <= 6 ? 4 : 2));
-
-/// Logits of the slots in KR key registers (the first slot `slot`) for heads [g0, g0 + HG).
-template <int KR, int HG, class Isa, class CacheT>
-KPA_IMPL_AVX512_INLINE inline void logits_tile(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch, int g0,
-                                               int slot) {
-  constexpr int X = static_cast<int>(16 / sizeof(CacheT));  // elements of a key vector
-  constexpr int SPR = 16 / X;                                // slots per key register
-  const int stride = a.block_size * X, vectors = a.head_size / X;
-  const CacheT* key = a.key_block + slot * X;
-  const float* q = a.q + g0 * a.head_size;
-  __m512 acc[KR * HG];
-#pragma GCC unroll 32
-  for (int i = 0; i < KR * HG; ++i) acc[i] = _mm512_setzero_ps();
-  BlockPrefetcher::Run ahead = prefetch.take(2 * vectors);
-  for (int v = 0; v < vectors; ++v) {
-    ask_ahead(ahead);
-    __m512 k[KR];
-    Isa::load_consecutive(key + v * stride, k);
-#pragma GCC unroll 8
-    for (int g = 0; g < HG; ++g) {
-      const float* qg = q + g * a.head_size + v * X;
-      __m512 qv = SPR == 2 ? _mm512_broadcast_f32x8(_mm256_loadu_ps(qg)) : _mm512_loadu_ps(qg);
-      KPA_IMPL_IN_REGISTER(qv);
-#pragma GCC unroll 8
-      for (int j = 0; j < KR; ++j) acc[g * KR + j] = _mm512_fmadd_ps(qv, k[j], acc[g * KR + j]);
+  KPA_IMPL_AVX512_INLINE static Vec zero() { return _mm512_setzero_ps(); }
+  KPA_IMPL_AVX512_INLINE static Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  KPA_IMPL_AVX512_INLINE static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+  KPA_IMPL_AVX512_INLINE static Vec load_first(const float* p, int n) {
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p);
+  }
+  KPA_IMPL_AVX512_INLINE static void hold(Vec& v) { KPA_IMPL_IN_REGISTER(v); }
+  template <int SPR>
+  KPA_IMPL_AVX512_INLINE static Vec load_query(const float* q) {
+    if constexpr (SPR == 2) {
+      return _mm512_broadcast_f32x8(_mm256_loadu_ps(q));
+    } else {
+      return _mm512_loadu_ps(q);
     }
   }
-  // sums[g * KR * SPR + i]: head g0 + g, slot slot + i.
-  alignas(64) float sums[SPR == 2 ? kHalvesCapacity<HG * KR> : kAllCapacity<HG * KR>];
-  if constexpr (SPR == 2) {
-    reduce_halves(acc, sums);
-  } else {
-    reduce_all(acc, sums);
+  template <class CacheT>
+  static constexpr int widen_group() {
+    return 1;
   }
-#pragma GCC unroll 8
-  for (int g = 0; g < HG; ++g) {
-    store_scaled_span<KR * SPR>(sums + g * KR * SPR, Load<CacheT>::scale,
-                                a.logits + (g0 + g) * a.logits_stride + slot);
+  template <int N, class CacheT>
+  KPA_IMPL_AVX512_INLINE static void widen(const CacheT* p, Vec* out) {
+    int i = 0;
+    if constexpr (sizeof(CacheT) == 1) {
+#pragma GCC unroll 4
+      for (; i + 4 <= N; i += 4) {
+        __m512i lo, hi;
+        fp8_as_half64(p + 16 * i, lo, hi);
+        out[i] = _mm512_cvtph_ps(_mm512_castsi512_si256(lo));
+        out[i + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(lo, 1));
+        out[i + 2] = _mm512_cvtph_ps(_mm512_castsi512_si256(hi));
+        out[i + 3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hi, 1));
+      }
+    }
+    widen_rest<N>(p, out, i);
   }
-}
+  /// Registers [i, N) two fp8 registers at a time where there are two, else one by one.
+  template <int N, class CacheT>
+  KPA_IMPL_AVX512_INLINE static void widen_rest(const CacheT* p, Vec* out, int i) {
+    if constexpr (sizeof(CacheT) == 1) {
+#pragma GCC unroll 2
+      for (; i + 2 <= N; i += 2) {
+        const __m512i h = fp8_as_half32(p + 16 * i);
+        out[i] = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+        out[i + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+      }
+    }
+#pragma GCC unroll 16
+    for (; i < N; ++i) out[i] = load16(p + 16 * i);
+  }
+  template <class CacheT>
+  KPA_IMPL_AVX512_INLINE static Vec widen_first(const CacheT* p, int n) {
+    return load16_first(p, n);
+  }
+  template <int SPR, int N>
+  static constexpr int sums_capacity() {
+    return SPR == 2 ? kHalvesCapacity<N> : kAllCapacity<N>;
+  }
+  template <int SPR, int N>
+  KPA_IMPL_AVX512_INLINE static void sums(const Vec (&acc)[N], float* out) {
+    if constexpr (SPR == 2) {
+      reduce_halves(acc, out);
+    } else {
+      reduce_all(acc, out);
+    }
+  }
+  template <int W>
+  KPA_IMPL_AVX512_INLINE static void store_scaled(const float* src, float scale, float* dst) {
+    store_scaled_span<W>(src, scale, dst);
+  }
+  template <int W>
+  KPA_IMPL_AVX512_INLINE static void add_scaled(const float* src, float scale, float* o) {
+    add_scaled_span<W>(src, scale, o);
+  }
+};
 
-/// q.k of a block, for head sizes that are multiples of the key vector.
-template <int H, class CacheT, class Isa>
-KPA_IMPL_AVX512 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
-  constexpr int X = static_cast<int>(16 / sizeof(CacheT));
-  constexpr int HG = kHeadTile<H>;
-  constexpr int KR = kKeyTile<HG>;
-  constexpr int SPR = 16 / X;
-  static_assert(H % HG == 0, "head tiles divide the heads of a pass");
-  prefetch.pace(H / HG * ((a.slots + KR * SPR - 1) / (KR * SPR)));
-  for (int g0 = 0; g0 < H; g0 += HG) {
-    int slot = 0;
-    for (; slot + KR * SPR <= a.slots; slot += KR * SPR) logits_tile<KR, HG, Isa>(a, prefetch, g0, slot);
-    for (; slot + SPR <= a.slots; slot += SPR) logits_tile<1, HG, Isa>(a, prefetch, g0, slot);
-    for (; slot < a.slots; ++slot) logits_slots<1, HG>(a, prefetch, g0, slot);  // an odd last slot
+/// Avx512 with fp8 codes widened four registers at a time through byte lookups (AVX-512 VBMI).
+struct Avx512Vbmi : Avx512 {
+  template <int N, class CacheT>
+  KPA_IMPL_AVX512_INLINE static void widen(const CacheT* p, Vec* out) {
+    int i = 0;
+    if constexpr (sizeof(CacheT) == 1) {
+#pragma GCC unroll 4
+      for (; i + 4 <= N; i += 4) fp8_as_float64(p + 16 * i, out + i);
+    }
+    widen_rest<N>(p, out, i);
   }
-  prefetch.finish();
-}
-
-// ---- p.V ----
+};
 
 /// Block sizes chunk_values has tiles for (a block row is whole registers).
 inline bool has_value_tiles(int block_size) {
   return block_size == 16 || block_size == 32 || block_size == 64 || block_size == 128;
 }
 
-/// Output rows per p.V tile for HG heads: HG x R accumulators, R value registers, one
-/// probability register (at most 29 of the 32).
-template <int HG>
-inline constexpr int kRowTile = HG == 1 ? 16 : (HG == 2 ? 8 : (HG == 3 ? 6 : (HG == 4 || HG == 6 ? 4 : 3)));
-
-/// o[g][d] += sum over the runs of p_g * v[d] for rows [g0, g0 + HG) and dimensions
-/// [d0, d0 + R), for a block size B that is a multiple of 16. Lanes past a run's slots are zero
-/// in both operands (the cache there may hold NaN: a zero lane, not 0 * NaN).
-template <int HG, int R, int B, class Isa, class CacheT>
-KPA_IMPL_AVX512_INLINE inline void values_tile(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch,
-                                               const ValueRun<CacheT>* runs, int count, int g0, int d0) {
-  static_assert(B % 16 == 0, "whole registers per block row");
-  const std::int64_t row0 = static_cast<std::int64_t>(d0) * B;
-  const int ps = a.probs_stride;
-  __m512 acc[HG * R];
-#pragma GCC unroll 32
-  for (int i = 0; i < HG * R; ++i) acc[i] = _mm512_setzero_ps();
-  BlockPrefetcher::Run ahead = values_ahead(prefetch, count, B);
-  for (int run = 0; run < count; ++run) {
-    const CacheT* v = runs[run].values + row0;
-    const float* p = runs[run].probs + g0 * ps;
-    const int slots = runs[run].slots;
-    if (slots == B) {
-#pragma GCC unroll 2
-      for (int j = 0; j < B; j += 16) {
-        ask_ahead(ahead);
-        __m512 vv[R];
-        if constexpr (B == 16) {  // the tile's rows are adjacent
-          Isa::load_consecutive(v + j, vv);
-        } else {
-#pragma GCC unroll 16
-          for (int r = 0; r < R; ++r) vv[r] = load16(v + r * B + j);
-        }
-#pragma GCC unroll 8
-        for (int g = 0; g < HG; ++g) {
-          __m512 pv = _mm512_loadu_ps(p + g * ps + j);
-          KPA_IMPL_IN_REGISTER(pv);
-#pragma GCC unroll 16
-          for (int r = 0; r < R; ++r) acc[g * R + r] = _mm512_fmadd_ps(pv, vv[r], acc[g * R + r]);
-        }
-      }
-    } else {  // the chunk's last block, partly filled
-      for (int j = 0; j < slots; j += 16) {
-        ask_ahead(ahead);
-        const int n = slots - j < 16 ? slots - j : 16;
-        const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1u);
-        __m512 vv[R];
-#pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) vv[r] = load16_first(v + r * B + j, n);
-#pragma GCC unroll 8
-        for (int g = 0; g < HG; ++g) {
-          const __m512 pv = _mm512_maskz_loadu_ps(mask, p + g * ps + j);
-#pragma GCC unroll 16
-          for (int r = 0; r < R; ++r) acc[g * R + r] = _mm512_fmadd_ps(pv, vv[r], acc[g * R + r]);
-        }
-      }
+/// The 16-lane loops `block_logits` and `chunk_values` (x86_tiles.inc over a 16-lane mapping) in
+/// `loops`, as `isa`, where the sizes suit them.
+template <int H, class CacheT>
+void use_loops(HostLoops<H, CacheT>& loops, HostIsa isa, int head_size, int block_size,
+               decltype(HostLoops<H, CacheT>::block_logits) block_logits,
+               decltype(HostLoops<H, CacheT>::chunk_values) chunk_values) {
+  if constexpr (has_loops<CacheT>) {
+    if (head_size % static_cast<int>(16 / sizeof(CacheT)) == 0) {  // whole key vectors
+      loops.isa = isa;
+      loops.block_logits = block_logits;
+    }
+    if (has_value_tiles(block_size)) {
+      loops.isa = isa;
+      loops.chunk_values = chunk_values;
     }
   }
-  alignas(64) float sums[kAllCapacity<HG * R>];  // sums[g * R + r]: head g0 + g, row d0 + r
-  reduce_all(acc, sums);
-#pragma GCC unroll 8
-  for (int g = 0; g < HG; ++g) {
-    add_scaled_span<R>(sums + g * R, Load<CacheT>::scale, a.o + (g0 + g) * a.head_size + d0);
-  }
 }
 
-template <int HG, int R, int B, class Isa, class CacheT>
-KPA_IMPL_AVX512_INLINE inline void values_rows(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch,
-                                               const ValueRun<CacheT>* runs, int count, int g0, int d_begin,
-                                               int d_end) {
-  int d = d_begin;
-  for (; d + R <= d_end; d += R) values_tile<HG, R, B, Isa>(a, prefetch, runs, count, g0, d);
-  for (; d < d_end; ++d) values_tile<HG, 1, B, Isa>(a, prefetch, runs, count, g0, d);
-}
-
-/// p.V of a chunk, for block sizes 16, 32, 64 and 128 (has_value_tiles).
-template <int H, class CacheT, class Isa>
-KPA_IMPL_AVX512 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin,
-                                  int d_end) {
-  constexpr int HG = kHeadTile<H>;
-  constexpr int R = kRowTile<HG>;
-  prefetch.pace(H / HG * ((d_end - d_begin + R - 1) / R));
-  ValueRun<CacheT> runs[kMaxRuns];
-  for (int first = 0; first < a.blocks; first += kMaxRuns) {
-    const int count = attended_runs(a, first, runs);
-    for (int g0 = 0; g0 < H; g0 += HG) {
-      switch (a.block_size) {
-        case 16: values_rows<HG, R, 16, Isa>(a, prefetch, runs, count, g0, d_begin, d_end); break;
-        case 32: values_rows<HG, R, 32, Isa>(a, prefetch, runs, count, g0, d_begin, d_end); break;
-        case 64: values_rows<HG, R, 64, Isa>(a, prefetch, runs, count, g0, d_begin, d_end); break;
-        default: values_rows<HG, R, 128, Isa>(a, prefetch, runs, count, g0, d_begin, d_end); break;
-      }
-    }
-  }
-  prefetch.finish();
-}
+KPA_IMPL_BEGIN_TARGET("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+#include "x86_tiles.inc"
+KPA_IMPL_END_TARGET
 
 }  // namespace kpa::detail::avx512
 

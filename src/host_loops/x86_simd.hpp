@@ -2,7 +2,7 @@
 // The x86 mapping layer under the AVX2 and AVX-512 host loops: cache elements widened to floats
 // 8 at a time (fp8 codes through binary16, E4M3 with its exponent rebiased by a factor the sums
 // undo: Load::scale), lane reductions, the vectorised exp, masks, the chunk's attended value
-// runs, and the 8-lane q.k tile both sets finish a block's odd slots with. Every function
+// runs, and the one-slot q.k that finishes a block's odd last slot. Every function
 // carries a target attribute instead of relying on the translation unit's flags: libkpa is built
 // for baseline x86-64, and the loops that use these run only on CPUs that have the instructions
 // (host_loops.cpp).
@@ -14,12 +14,24 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 // Loops start on a cache line, so where an edit elsewhere in libkpa moves them, their alignment,
 // and with it the decoded-instruction cache's view of them, stays.
 #define KPA_IMPL_AVX2 __attribute__((target("avx2,fma,f16c"), aligned(64)))
 // For the helpers of the register tiles: a call would spill the tile's registers.
 #define KPA_IMPL_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline))
+
+// Every function defined between KPA_IMPL_BEGIN_TARGET(t) and KPA_IMPL_END_TARGET takes the target
+// attribute t: the region in which a set includes the tiles written once for all (x86_tiles.inc).
+#define KPA_IMPL_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#define KPA_IMPL_BEGIN_TARGET(t) KPA_IMPL_PRAGMA(clang attribute push(__attribute__((target(t))), apply_to = function))
+#define KPA_IMPL_END_TARGET _Pragma("clang attribute pop")
+#else
+#define KPA_IMPL_BEGIN_TARGET(t) _Pragma("GCC push_options") KPA_IMPL_PRAGMA(GCC target(t))
+#define KPA_IMPL_END_TARGET _Pragma("GCC pop_options")
+#endif
 
 namespace kpa::detail::x86 {
 
@@ -108,24 +120,10 @@ KPA_IMPL_AVX2_INLINE inline void load_sixteen(const CacheT* p, __m256& lo, __m25
   hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
-/// Dimensions [8v, 8v + 8) of one cache slot whose X-element key vectors are `stride` apart.
-template <class CacheT>
-KPA_IMPL_AVX2 inline __m256 key_dims(const CacheT* slot, int stride, int v) {
-  constexpr int X = static_cast<int>(16 / sizeof(CacheT));
-  if constexpr (X == 4) {  // f32: two key vectors per register
-    const float* lo = slot + 2 * v * stride;
-    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(lo)), _mm_loadu_ps(lo + stride), 1);
-  } else if constexpr (X == 8) {
-    return Load<CacheT>::eight(slot + v * stride);
-  } else {  // fp8: a key vector is two registers
-    return Load<CacheT>::eight(slot + (v >> 1) * stride + (v & 1) * 8);
-  }
-}
-
 /// out[i] = the sum of the 8 lanes of acc[i], for N accumulators: hadd trees reduce eight at
 /// once, lanes crossing only at the end.
 template <int N>
-KPA_IMPL_AVX2_INLINE inline void reduce_lanes(const __m256 (&acc)[N], float (&out)[N]) {
+KPA_IMPL_AVX2_INLINE inline void reduce_lanes(const __m256 (&acc)[N], float* out) {
 #pragma GCC unroll 4
   for (int first = 0; first < N; first += 8) {
     __m256 a[8];
@@ -192,6 +190,57 @@ KPA_IMPL_AVX2 inline __m256 max_ignoring_nan(__m256 m, __m256 v) {
 /// has (all 32 under AVX-512; "x" admits only the first 16, which costs a copy per use there).
 #define KPA_IMPL_IN_REGISTER(v) __asm__("" : "+v"(v))
 
+/// dst[i] = src[i] * scale for i < W, in registers of 8 and 4 floats and single floats.
+template <int W>
+KPA_IMPL_AVX2_INLINE inline void store_scaled_span(const float* src, float scale, float* dst) {
+  if constexpr (W >= 8) {
+    _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_loadu_ps(src), _mm256_set1_ps(scale)));
+    store_scaled_span<W - 8>(src + 8, scale, dst + 8);
+  } else if constexpr (W >= 4) {
+    _mm_storeu_ps(dst, _mm_mul_ps(_mm_loadu_ps(src), _mm_set1_ps(scale)));
+    store_scaled_span<W - 4>(src + 4, scale, dst + 4);
+  } else if constexpr (W >= 1) {
+    dst[0] = src[0] * scale;
+    store_scaled_span<W - 1>(src + 1, scale, dst + 1);
+  }
+}
+
+/// o[i] += src[i] * scale for i < W, registers as above.
+template <int W>
+KPA_IMPL_AVX2_INLINE inline void add_scaled_span(const float* src, float scale, float* o) {
+  if constexpr (W >= 8) {
+    _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(src), _mm256_set1_ps(scale), _mm256_loadu_ps(o)));
+    add_scaled_span<W - 8>(src + 8, scale, o + 8);
+  } else if constexpr (W >= 4) {
+    _mm_storeu_ps(o, _mm_fmadd_ps(_mm_loadu_ps(src), _mm_set1_ps(scale), _mm_loadu_ps(o)));
+    add_scaled_span<W - 4>(src + 4, scale, o + 4);
+  } else if constexpr (W >= 1) {
+    o[0] += src[0] * scale;
+    add_scaled_span<W - 1>(src + 1, scale, o + 1);
+  }
+}
+
+/// Floats reduce_halves8<N> writes: whole registers of 8 sums.
+template <int N>
+inline constexpr int kHalvesCapacity8 = (2 * N + 7) / 8 * 8;
+
+/// out[2i], out[2i + 1] = the sums of lanes [0, 4) and [4, 8) of acc[i] for i < N, zeros after
+/// them up to kHalvesCapacity8<N>; `out` 16-byte aligned.
+template <int N>
+KPA_IMPL_AVX2_INLINE inline void reduce_halves8(const __m256 (&acc)[N], float* out) {
+#pragma GCC unroll 8
+  for (int first = 0; first < N; first += 4) {
+    __m256 a[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) a[i] = first + i < N ? acc[first + i] : _mm256_setzero_ps();
+    // Low 128 bits: the lower-half sums of a[0..3]; high: their upper-half sums.
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m128 lower = _mm256_castps256_ps128(h), upper = _mm256_extractf128_ps(h, 1);
+    _mm_store_ps(out + 2 * first, _mm_unpacklo_ps(lower, upper));
+    _mm_store_ps(out + 2 * first + 4, _mm_unpackhi_ps(lower, upper));
+  }
+}
+
 /// Lanes [0, n) of 8 values at p (n < 8): no read past them (the cache may end there), zeros after.
 template <class CacheT>
 KPA_IMPL_AVX2 inline __m256 load_first(const CacheT* p, int n) {
@@ -201,68 +250,37 @@ KPA_IMPL_AVX2 inline __m256 load_first(const CacheT* p, int n) {
   return Load<CacheT>::eight(buffer);
 }
 
-/// Logits of S consecutive slots (the first at `key`) for HG heads (the first at q).
-template <int S, int HG, class CacheT>
-KPA_IMPL_AVX2_INLINE inline void logits_tile(const CacheT* key, int stride, int vectors, const float* q, int head_size,
-                                             BlockPrefetcher::Run& ahead, float (&out)[S * HG]) {
-  constexpr int X = static_cast<int>(16 / sizeof(CacheT));
-  __m256 acc[S * HG];
-#pragma GCC unroll 16
-  for (int i = 0; i < S * HG; ++i) acc[i] = _mm256_setzero_ps();
-  if constexpr (X == 16) {  // fp8: a key vector is 16 dimensions, widened at once
-    for (int u = 0; u < vectors / 2; ++u) {
-      ask_ahead(ahead);
+/// Logits of one slot for rows [g0, g0 + HG), 8 dimensions at a time: the odd last slot where a
+/// tile's key registers hold two slots (x86_tiles.inc; f32 and 16-bit caches).
+template <int HG, class CacheT>
+KPA_IMPL_AVX2_INLINE inline void logits_slot(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch, int g0,
+                                             int slot) {
+  constexpr int X = static_cast<int>(16 / sizeof(CacheT));  // elements of a key vector
+  static_assert(X == 4 || X == 8, "fp8 key registers hold one slot each");
+  const int stride = a.block_size * X, steps = a.head_size / 8;
+  const CacheT* key = a.key_block + slot * X;
+  __m256 acc[HG];
 #pragma GCC unroll 8
-      for (int s = 0; s < S; ++s) {
-        __m256 lo, hi;
-        load_sixteen(key + s * X + u * stride, lo, hi);
-#pragma GCC unroll 4
-        for (int g = 0; g < HG; ++g) {
-          const float* qg = q + g * head_size + 16 * u;
-          acc[s * HG + g] = _mm256_fmadd_ps(_mm256_loadu_ps(qg), lo, acc[s * HG + g]);
-          acc[s * HG + g] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8), hi, acc[s * HG + g]);
-        }
-      }
-    }
-    reduce_lanes(acc, out);
-    return;
-  }
-  for (int v = 0; v < vectors; ++v) {
+  for (int g = 0; g < HG; ++g) acc[g] = _mm256_setzero_ps();
+  BlockPrefetcher::Run ahead = prefetch.take(steps);
+  for (int v = 0; v < steps; ++v) {
     ask_ahead(ahead);
-    if constexpr (HG == 1) {  // each key vector used once: converted straight into its FMA
-      __m256 qv = _mm256_loadu_ps(q + 8 * v);
-      KPA_IMPL_IN_REGISTER(qv);
-#pragma GCC unroll 8
-      for (int s = 0; s < S; ++s) acc[s] = _mm256_fmadd_ps(qv, key_dims(key + s * X, stride, v), acc[s]);
+    __m256 k;  // dimensions [8v, 8v + 8)
+    if constexpr (X == 4) {  // two key vectors
+      const float* lo = key + 2 * v * stride;
+      k = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(lo)), _mm_loadu_ps(lo + stride), 1);
     } else {
-      __m256 k[S];
+      k = Load<CacheT>::eight(key + v * stride);
+    }
 #pragma GCC unroll 8
-      for (int s = 0; s < S; ++s) k[s] = key_dims(key + s * X, stride, v);
-#pragma GCC unroll 4
-      for (int g = 0; g < HG; ++g) {
-        __m256 qv = _mm256_loadu_ps(q + g * head_size + 8 * v);
-        KPA_IMPL_IN_REGISTER(qv);
-#pragma GCC unroll 8
-        for (int s = 0; s < S; ++s) acc[s * HG + g] = _mm256_fmadd_ps(qv, k[s], acc[s * HG + g]);
-      }
+    for (int g = 0; g < HG; ++g) {
+      acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(a.q + (g0 + g) * a.head_size + 8 * v), k, acc[g]);
     }
   }
-  reduce_lanes(acc, out);
-}
-
-template <int S, int HG, class CacheT>
-KPA_IMPL_AVX2_INLINE inline void logits_slots(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch, int g0,
-                                              int slot) {
-  constexpr int X = static_cast<int>(16 / sizeof(CacheT));
-  float sums[S * HG];
-  BlockPrefetcher::Run ahead = prefetch.take(a.head_size / 8);
-  logits_tile<S, HG>(a.key_block + slot * X, a.block_size * X, a.head_size / 8, a.q + g0 * a.head_size, a.head_size,
-                     ahead, sums);
+  float sums[HG];
+  reduce_lanes(acc, sums);
 #pragma GCC unroll 8
-  for (int s = 0; s < S; ++s) {
-#pragma GCC unroll 4
-    for (int g = 0; g < HG; ++g) a.logits[(g0 + g) * a.logits_stride + slot + s] = sums[s * HG + g] * Load<CacheT>::scale;
-  }
+  for (int g = 0; g < HG; ++g) a.logits[(g0 + g) * a.logits_stride + slot] = sums[g] * Load<CacheT>::scale;
 }
 
 /// The prefetch run of a p.V tile over `runs` block runs of `block_size` slots: two lines for every
