@@ -135,14 +135,6 @@ struct Avx2 {
       reduce_lanes(acc, out);
     }
   }
-  template <int W>
-  KPA_IMPL_AVX2_INLINE static void store_scaled(const float* src, float scale, float* dst) {
-    store_scaled_span<W>(src, scale, dst);
-  }
-  template <int W>
-  KPA_IMPL_AVX2_INLINE static void add_scaled(const float* src, float scale, float* o) {
-    add_scaled_span<W>(src, scale, o);
-  }
 };
 
 KPA_IMPL_BEGIN_TARGET("avx2,fma,f16c")

@@ -360,14 +360,6 @@ struct Avx512 {
       reduce_all(acc, out);
     }
   }
-  template <int W>
-  KPA_IMPL_AVX512_INLINE static void store_scaled(const float* src, float scale, float* dst) {
-    store_scaled_span<W>(src, scale, dst);
-  }
-  template <int W>
-  KPA_IMPL_AVX512_INLINE static void add_scaled(const float* src, float scale, float* o) {
-    add_scaled_span<W>(src, scale, o);
-  }
 };
 
 /// Avx512 with fp8 codes widened four registers at a time through byte lookups (AVX-512 VBMI).

@@ -85,14 +85,6 @@ struct Avx512Model {
     }
     for (int i = N * SPR; i < sums_capacity<SPR, N>(); ++i) out[i] = 0.0f;
   }
-  template <int W>
-  KPA_IMPL_AVX2_INLINE static void store_scaled(const float* src, float scale, float* dst) {
-    store_scaled_span<W>(src, scale, dst);
-  }
-  template <int W>
-  KPA_IMPL_AVX2_INLINE static void add_scaled(const float* src, float scale, float* o) {
-    add_scaled_span<W>(src, scale, o);
-  }
 };
 
 }  // namespace kpa::detail::avx2
