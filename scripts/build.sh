@@ -42,7 +42,7 @@ if [ "$sanitize" = 1 ]; then
 elif [ "$self_contained" = 1 ]; then
   build=${BUILD_DIR:-$repo/build-self-contained}
   kokkos=$("$repo/scripts/bootstrap-deps.sh" --static)
-  extra+=(-DKPA_SELF_CONTAINED=ON -DKPA_ENABLE_BENCHMARKS=OFF -DKPA_ENABLE_EXAMPLES=OFF)
+  extra+=(-DKPA_SELF_CONTAINED=ON -DKPA_ENABLE_BENCHMARKS=OFF -DKPA_ENABLE_EXAMPLES=OFF -DKPA_SOFTWARE_MODELS=OFF)
 elif [ "$cuda" = 1 ]; then
   build=${BUILD_DIR:-$repo/build-cuda}
   [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"

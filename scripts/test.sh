@@ -30,19 +30,20 @@
 #   6. Where nvcc is found (unless KPA_SKIP_CUDA=1), CUDA build (Kokkos Serial + OpenMP + CUDA for
 #      KPA_CUDA_ARCH, default AMPERE80, <repo>/build-cuda) against the host build's Kokkos version
 #      (each with its CUDA 13 patch, scripts/patches/): the library and the parity tests compiled
-#      and linked (the unit tests, kpa-bench and each header alone are compiled for CUDA where a
-#      GPU runs them, below, and by scripts/gpu-check.sh --bundle), the parity-test binary and
-#      libkpa.so checked for machine code of that architecture (and for no kernel launched
-#      through constant memory), the installed package built by a separate project; the
-#      self-contained host libkpa (<repo>/build-self-contained: its own static Kokkos, the C ABI
-#      alone exported), its C ABI tests, alone and with the host build's libkpa started beside it
-#      in one process; the PyTorch operators' CUDA extension built against torch 2.13, the CUDA
-#      build and that host library (<repo>/build-cuda/python-venv-torch2), its libkpa checked the
-#      same way, and the pytest suite on CPU tensors with it, which must pass on a machine without
-#      a GPU; then the machine-code gates of the device kernel for sm_80 and sm_90
-#      (scripts/device-gates.sh: NVIDIA's cuobjdump from the Python package index). On a machine
-#      with an NVIDIA GPU of the build's major version the CUDA build's tests and the pytest suite
-#      on CUDA tensors run too (other GPUs: scripts/gpu-check.sh).
+#      and linked (the unit tests, kpa-bench and each header alone are compiled for CUDA where a GPU
+#      runs them, below, and by scripts/gpu-check.sh --bundle), the parity-test binary and libkpa.so
+#      checked for machine code of that architecture (and for no kernel launched through constant
+#      memory), the installed package built by a separate project; the self-contained host libkpa
+#      (<repo>/build-self-contained: its own static Kokkos, the C ABI alone exported; it compiles
+#      beside the CUDA build, its output in <repo>/build/self-contained-build.log), its C ABI tests,
+#      alone and with the host build's libkpa started beside it in one process; the PyTorch
+#      operators' CUDA extension built against torch 2.13, the CUDA build and that host library
+#      (<repo>/build-cuda/python-venv-torch2), its libkpa checked the same way, and the pytest suite
+#      on CPU tensors with it, which must pass on a machine without a GPU; then the machine-code
+#      gates of the device kernel for sm_80 and sm_90 (scripts/device-gates.sh: NVIDIA's cuobjdump
+#      from the Python package index). On a machine with an NVIDIA GPU of the build's major version
+#      the CUDA build's tests and the pytest suite on CUDA tensors run too (other GPUs:
+#      scripts/gpu-check.sh).
 # A second run reuses the dependency prefixes and the build folders.
 set -euo pipefail
 
@@ -115,15 +116,24 @@ if [ "${KPA_SKIP_CUDA:-0}" = 1 ] || ! command -v nvcc >/dev/null; then
 fi
 cuda_build=${CUDA_BUILD_DIR:-$repo/build-cuda}
 arch=${KPA_CUDA_ARCH:-AMPERE80}
+host_build=$repo/build-self-contained
+host_log=$build/self-contained-build.log
+# nvcc compiles few, long translation units: the host library compiles beside them.
+log "the CUDA package's host library: a libkpa with its own Kokkos, in $host_build, compiling meanwhile (output: $host_log)"
+(BUILD_DIR=$host_build "$repo/scripts/build.sh" --self-contained >"$host_log" 2>&1) &
+host_pid=$!
 log "CUDA build ($arch, Kokkos $KPA_KOKKOS_VERSION) in $cuda_build"
 # The library (every kernel of the C ABI) and the parity tests (the device path against the host
 # path); the other programs a GPU runs are built below where there is one, and by
 # scripts/gpu-check.sh --bundle (the host build compiles every header alone, C++17 and C++20).
 BUILD_DIR=$cuda_build "$repo/scripts/build.sh" --cuda kpa kpa-parity-tests
 
-host_build=$repo/build-self-contained
-log "the CUDA package's host library: a libkpa with its own Kokkos, in $host_build, and its C ABI tests"
-BUILD_DIR=$host_build "$repo/scripts/build.sh" --self-contained
+log "the self-contained libkpa: waiting for it to finish compiling, then its C ABI tests"
+if ! wait "$host_pid"; then
+  tail -n 50 "$host_log" >&2
+  log "the self-contained build failed (all of its output: $host_log)"
+  exit 1
+fi
 run_ctest "$host_build"
 log "the self-contained libkpa and the host build's libkpa (its Kokkos a shared library) started in one process"
 OMP_NUM_THREADS=2 OMP_PROC_BIND=false /usr/bin/python3 "$repo/unit_tests/test_c_api.py" "$host_build/libkpa.so" \

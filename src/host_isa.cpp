@@ -84,7 +84,11 @@ HostIsa cpu_host_isa() {
 HostIsa best_host_isa() { return std::min(cpu_host_isa(), compiled_host_isa()); }
 
 bool host_isa_runs(HostIsa isa, HostIsa best) {
+#ifdef KPA_IMPL_SOFTWARE_MODELS
   if (isa == HostIsa::AmxModel) return best >= HostIsa::Avx2;
+#else
+  if (isa == HostIsa::AmxModel) return false;  // built with -DKPA_SOFTWARE_MODELS=OFF
+#endif
   return isa <= best;
 }
 
@@ -100,7 +104,8 @@ HostIsa chosen_host_isa(HostIsa best) {
   const HostIsa isa = parse_host_isa(name);
   if (!host_isa_runs(isa, best)) {
     throw Error(std::string("kpa: KPA_HOST_ISA=") + name + " is not available here (best: " +
-                std::string(to_string(best)) + ")");
+                std::string(to_string(best)) + ")" +
+                (isa == HostIsa::AmxModel ? "; amx-model needs libkpa built with -DKPA_SOFTWARE_MODELS=ON" : ""));
   }
   return isa;
 }

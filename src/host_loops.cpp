@@ -16,6 +16,8 @@
 #include "host_loops/avx2.hpp"
 #include "host_loops/avx512.hpp"
 #include "host_loops/amx.hpp"
+#endif
+#ifdef KPA_IMPL_SOFTWARE_MODELS
 #include "host_loops/model_loops.hpp"
 #endif
 
@@ -38,11 +40,10 @@ HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size) {
   if (isa == HostIsa::Amx || isa == HostIsa::AmxModel) {
     HostLoops<H, CacheT> loops = host_loops<H, CacheT>(vector_isa(isa), head_size, block_size);
 #ifdef KPA_IMPL_X86_LOOPS
-    if (isa == HostIsa::Amx) {
-      amx::use_tile_loops<amx::AmxTiles>(loops, isa, head_size, block_size);
-    } else {
-      use_model_loops(loops, head_size, block_size);
-    }
+    if (isa == HostIsa::Amx) amx::use_tile_loops<amx::AmxTiles>(loops, isa, head_size, block_size);
+#endif
+#ifdef KPA_IMPL_SOFTWARE_MODELS
+    if (isa == HostIsa::AmxModel) use_model_loops(loops, head_size, block_size);
 #endif
     return loops;
   }

@@ -39,7 +39,7 @@ HostIsa compiled_host_isa();
 /// The best set this process runs: the lesser of the two above.
 HostIsa best_host_isa();
 /// Whether loops of `isa` run where `best` is the best set: every set up to `best`, and
-/// AmxModel wherever AVX2 runs.
+/// AmxModel wherever AVX2 runs if libkpa was built with its software models (KPA_SOFTWARE_MODELS).
 bool host_isa_runs(HostIsa isa, HostIsa best);
 /// The vector set under `isa`'s loops (the set itself, but Avx512Vbmi for Amx, Avx2 for AmxModel).
 HostIsa vector_isa(HostIsa isa);
