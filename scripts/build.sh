@@ -17,6 +17,9 @@
 #   Kokkos_ROOT=/opt/kokkos-cuda scripts/build.sh
 #   KPA_KOKKOS_VERSION=4.6.01 scripts/build.sh   against the project-local Kokkos of that version
 #                                         (scripts/bootstrap-deps.sh; exit status 3: no sources)
+#   KPA_TEST_SPACES=Kokkos::Serial scripts/build.sh   the typed tests on those execution spaces (a
+#                                         CMake list; default: every one Kokkos enables, OpenMP
+#                                         with --sanitize, Cuda with --cuda)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -63,10 +66,8 @@ else
   build=${BUILD_DIR:-$repo/build}
   kokkos=$("$repo/scripts/bootstrap-deps.sh")
 fi
+[ "$sanitize$cuda" != 00 ] || [ -z "${KPA_TEST_SPACES:-}" ] || extra+=(-DKPA_TEST_SPACES="$KPA_TEST_SPACES")
 
-# -O2: the kernels' inner loops are intrinsics, as fast as at -O3 (measured with kpa-bench), and
-# the templates compile in two thirds of the time. (The sanitizer build sets its own.)
-[ "$sanitize" = 1 ] || extra+=(-DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG")
 # A build folder configured against another Kokkos starts afresh: CMake keeps the Kokkos it found.
 if [ -f "$build/CMakeCache.txt" ] && ! grep -q "^Kokkos_DIR:PATH=$kokkos/" "$build/CMakeCache.txt"; then
   rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"

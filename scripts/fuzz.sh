@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer target over the C ABI (fuzz/fuzz_c_api.cpp: clang, AddressSanitizer and
-# UndefinedBehaviorSanitizer, against a Serial Kokkos built with clang) and runs it, starting from
-# the committed seed corpus (fuzz/seed_corpus.b64: one base64 input a line; new inputs go to a
-# scratch folder).
+# UndefinedBehaviorSanitizer, the portable loops, against a Serial Kokkos built with clang) and
+# runs it, starting from the committed seed corpus (fuzz/seed_corpus.b64: one base64 input a line;
+# new inputs go to a scratch folder).
 #
 #   scripts/fuzz.sh                    a bounded run: 60 s (KPA_FUZZ_SECONDS)
 #   scripts/fuzz.sh -runs=1000000      any libFuzzer options instead (e.g. a long run)

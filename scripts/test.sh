@@ -5,11 +5,12 @@
 #   1. Host build (Serial + OpenMP, <repo>/build) against Kokkos and Kokkos Kernels 4.6.01, from
 #      the release tarballs in KPA_KOKKOS_SOURCES or <repo>/../shared/deps (see
 #      scripts/bootstrap-deps.sh), or against 3.4.1, saying so, where neither folder has them: unit
-#      tests on both back ends, on the host path (the best inner loops of this CPU and every lesser
+#      tests (their typed tests on Serial; on OpenMP in step 4), on the host path (the best inner loops of this CPU and every lesser
 #      set: portable, AVX2, AVX-512 without VBMI, VBMI; and, for bf16 and fp8 caches on CPUs without
-#      AMX, the AMX loops on the software model of the tiles) and the device kernel path; every header on its
-#      own (C++17 and C++20); the C ABI from C and from Python; a kpa-bench smoke run; the
-#      installed package used by a separate project and run from its prefix.
+#      AMX, the AMX loops on the software model of the tiles) and the device kernel path; every
+#      header on its own (C++17) and all of them as C++20; the C ABI from C and from Python (on
+#      OpenMP, as the host-device parity tests); a kpa-bench smoke run; the installed package used
+#      by a separate project and run from its prefix.
 #   2. The PyTorch operators (scripts/python.sh --test): the package in python/ pip-installed
 #      against the host build on torch 2.13 from the Python package index (<repo>/.deps/torch-2.13.0,
 #      <repo>/build/python-venv-torch2: opcheck, fake tensors, torch.compile), then on the
@@ -25,8 +26,8 @@
 #      the C ABI tests again, built with AddressSanitizer and UndefinedBehaviorSanitizer; any
 #      report fails the run. It compiles while steps 2 and 3 run (they leave a core mostly idle),
 #      its output in <repo>/build/sanitizer-build.log, shown if it fails.
-#   5. The libFuzzer target over the C ABI (scripts/fuzz.sh, <repo>/build-fuzz, Kokkos 3.4.1): a
-#      bounded run from the committed seed corpus (KPA_FUZZ_SECONDS, default 60).
+#   5. The libFuzzer target over the C ABI (scripts/fuzz.sh, <repo>/build-fuzz, Kokkos 3.4.1, the
+#      portable loops): a bounded run from the committed seed corpus (KPA_FUZZ_SECONDS, default 60).
 #   6. Where nvcc is found (unless KPA_SKIP_CUDA=1), CUDA build (Kokkos Serial + OpenMP + CUDA for
 #      KPA_CUDA_ARCH, default AMPERE80, <repo>/build-cuda) against the host build's Kokkos version
 #      (each with its CUDA 13 patch, scripts/patches/): the library and the parity tests compiled
@@ -74,7 +75,8 @@ log "torch 2.13's and vLLM's Python environments installing meanwhile (output: $
 envs_pid=$!
 
 log "host build against Kokkos $newest in $build"
-BUILD_DIR=$build "$repo/scripts/build.sh"
+# Each typed test runs once per host back end: on Serial here, on OpenMP in the sanitizer build.
+KPA_TEST_SPACES=Kokkos::Serial BUILD_DIR=$build "$repo/scripts/build.sh"
 run_ctest "$build"
 if ! wait "$envs_pid"; then
   tail -n 50 "$envs_log" >&2
@@ -116,16 +118,17 @@ if [ "${KPA_SKIP_CUDA:-0}" = 1 ] || ! command -v nvcc >/dev/null; then
 fi
 cuda_build=${CUDA_BUILD_DIR:-$repo/build-cuda}
 arch=${KPA_CUDA_ARCH:-AMPERE80}
+log "CUDA build ($arch, Kokkos $KPA_KOKKOS_VERSION) in $cuda_build"
+"$repo/scripts/bootstrap-deps.sh" --cuda >/dev/null
 host_build=$repo/build-self-contained
 host_log=$build/self-contained-build.log
-# nvcc compiles few, long translation units: the host library compiles beside them.
+# nvcc compiles kpa in few, long translation units: the host library compiles beside them.
 log "the CUDA package's host library: a libkpa with its own Kokkos, in $host_build, compiling meanwhile (output: $host_log)"
 (BUILD_DIR=$host_build "$repo/scripts/build.sh" --self-contained >"$host_log" 2>&1) &
 host_pid=$!
-log "CUDA build ($arch, Kokkos $KPA_KOKKOS_VERSION) in $cuda_build"
 # The library (every kernel of the C ABI) and the parity tests (the device path against the host
 # path); the other programs a GPU runs are built below where there is one, and by
-# scripts/gpu-check.sh --bundle (the host build compiles every header alone, C++17 and C++20).
+# scripts/gpu-check.sh --bundle (the host build compiles every header alone, and all as C++20).
 BUILD_DIR=$cuda_build "$repo/scripts/build.sh" --cuda kpa kpa-parity-tests
 
 log "the self-contained libkpa: waiting for it to finish compiling, then its C ABI tests"

@@ -1,8 +1,9 @@
 """kpa inside vLLM's engine (vLLM's CPU build, 0.32): the same greedy generation with vLLM's own CPU
 attention backend and with kpa's (``--attention-backend CUSTOM`` through kpa's plugin), on a tiny
-Llama-style model with seeded random weights (python/benchmarks/vllm_generate.py). Prompts of 5 to 300 tokens, two
-sharing a 64-token prefix (prefix caching), prefills chunked into 64-token steps batched with other
-sequences' decode steps. Skipped where vLLM is not installed (scripts/vllm.sh installs it).
+Llama-style model with seeded random weights (python/benchmarks/vllm_generate.py). Prompts of 5 to
+300 tokens, two sharing a 64-token prefix (prefix caching), prefills chunked into 64-token steps
+batched with other sequences' decode steps. Skipped where vLLM is not installed (scripts/vllm.sh
+installs it).
 
 Each generation is an engine of its own processes, most of whose time is spent importing torch and
 vLLM on one core: the module starts every run it compares up front, two at a time."""
@@ -28,11 +29,27 @@ LOGPROB_TOLERANCE = 1e-3
 FP8_LOGPROB_TOLERANCE = 0.25
 
 
+def vllm_has_fp8_cache():
+    """Whether vLLM's CPU backend takes an fp8 cache on this CPU (AVX-512 or AMX), by its own rule
+    for the runs' float32 model in blocks of 32, heads of 64 (else its engine refuses to start)."""
+    try:
+        import torch
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    except ImportError:  # another vLLM: its engine will say
+        return True
+    try:
+        _get_attn_isa(torch.float32, 32, 64, "fp8")
+    except NotImplementedError:
+        return False
+    return True
+
+
 #: The runs the tests compare, as (backend, extra arguments, tensor-parallel ranks).
 RUNS = [("CUSTOM", (), 1), ("auto", (), 1),
         ("CUSTOM", ("--sliding-window", "48"), 1), ("auto", ("--sliding-window", "48"), 1),
-        ("CUSTOM", (), 2), ("auto", (), 2),
-        ("CUSTOM", ("--kv-cache-dtype", "fp8"), 1), ("auto", ("--kv-cache-dtype", "fp8"), 1)]
+        ("CUSTOM", (), 2),
+        ("CUSTOM", ("--kv-cache-dtype", "fp8"), 1)] + \
+       ([("auto", ("--kv-cache-dtype", "fp8"), 1)] if vllm_has_fp8_cache() else [])
 #: Engines at once.
 CONCURRENT = 2
 
@@ -90,10 +107,12 @@ def test_sliding_window_matches_vllms_backend(results):
 
 
 def test_tensor_parallel_2_matches_vllms_backend(results):
-    """vLLM's multiprocessing executor with two ranks, each serving its half of the heads with kpa."""
+    """vLLM's multiprocessing executor with two ranks, each serving its half of the heads with kpa,
+    against vLLM's own backend on one rank: splitting a float32 model over ranks changes its sums
+    by rounding only."""
     kpa = results("CUSTOM", tp=2)
     assert len(kpa["attention_backends"]) == 2
-    assert_same_generation(kpa, results("auto", tp=2))
+    assert_same_generation(kpa, results("auto"))
 
 
 def test_fp8_kv_cache(results):
@@ -109,13 +128,10 @@ def test_fp8_kv_cache(results):
     error = max(abs(a[0] - b[0]) for a, b in zip(kpa["logprobs"], exact["logprobs"]))
     print(f"fp8: first-token |logprob difference| against kpa with an exact cache: {error:.3f}")
     assert 0 < error < FP8_LOGPROB_TOLERANCE
-    try:
-        vllm = results("auto", "--kv-cache-dtype", "fp8")
-    except AssertionError as failure:
-        if "FP8 KV cache on CPU requires" not in str(failure):
-            raise
+    if not vllm_has_fp8_cache():
         print("vLLM's CPU backend has no fp8 cache on this CPU: compared with kpa's exact-cache run only")
         return
+    vllm = results("auto", "--kv-cache-dtype", "fp8")
     same = [i for i, t in enumerate(vllm["tokens"]) if t[0] == first[i]]
     assert same, "vLLM's fp8 run picks none of the same first tokens"
     error = max(abs(kpa["logprobs"][i][0] - vllm["logprobs"][i][0]) for i in same)
