@@ -21,6 +21,7 @@
 #include "host_loops/model_loops.hpp"
 #endif
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -35,6 +36,10 @@ HostIsa compiled_host_isa() {
 #endif
 }
 
+namespace {
+std::atomic<std::uint64_t> calls{0};
+}  // namespace
+
 template <int H, class CacheT>
 HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size) {
   if (isa == HostIsa::Amx || isa == HostIsa::AmxModel) {
@@ -48,6 +53,7 @@ HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size) {
     return loops;
   }
   HostLoops<H, CacheT> loops;
+  loops.call = calls.fetch_add(1, std::memory_order_relaxed) + 1;
   loops.isa = HostIsa::Portable;
   loops.block_logits = &portable::block_logits<H, CacheT>;
   loops.chunk_values = &portable::chunk_values<H, CacheT>;

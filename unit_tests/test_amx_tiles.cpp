@@ -183,7 +183,7 @@ TEST(AmxLoops, SplitTheQueryIntoThePartsItNeeds) {
       for (int i = 0; i < D; ++i) {
         double sum = 0.0;
         for (int p = 0; p < tiles.parts; ++p) {
-          const std::uint32_t word = tiles.words[p * (H * D / 2) + (i / 2) * H + g];
+          const std::uint32_t word = tiles.words[p * (H * D / 2) + g * (D / 2) + i / 2];
           const std::uint32_t bits = (i % 2 == 0 ? word & 0xffffu : word >> 16) << 16;
           float part;
           std::memcpy(&part, &bits, 4);

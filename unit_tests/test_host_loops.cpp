@@ -51,6 +51,8 @@ INSTANTIATE_TEST_SUITE_P(AllInstructionSets, HostLoops,
 
 // The table runs the set asked for wherever that set has the loop: a test of one set never
 // measures another.
+bool tiles(HostIsa isa) { return isa == HostIsa::Amx || isa == HostIsa::AmxModel; }
+
 TEST_P(HostLoops, SelectsTheSetAskedFor) {
   const HostIsa vector = kpa::detail::vector_isa(isa());  // the tile sets' own vector set
   // VBMI serves fp8 only; the model of Amx runs its 16-lane loops on AVX2 registers.
@@ -61,8 +63,8 @@ TEST_P(HostLoops, SelectsTheSetAskedFor) {
   const HostIsa f32 = vector > HostIsa::Avx2 ? HostIsa::Avx2 : vector;  // f32 caches: at most AVX2
   EXPECT_EQ((kpa::detail::host_loops<1, float>(isa(), 64, 16).isa), f32);
   const auto bf16 = kpa::detail::host_loops<16, kpa::bfloat16>(isa(), 128, 32);
-  EXPECT_EQ(bf16.isa, isa());
-  EXPECT_EQ(bf16.prepare_query != nullptr, isa() == HostIsa::Amx || isa() == HostIsa::AmxModel);
+  EXPECT_EQ(bf16.isa, tiles(isa()) ? isa() : want);
+  EXPECT_EQ(bf16.prepare_query != nullptr, tiles(isa()));
   // Sizes the tiles do not take (head sizes not a multiple of 32, blocks not of 16): vector loops.
   const auto odd = kpa::detail::host_loops<16, kpa::bfloat16>(isa(), 80, 12);
   EXPECT_EQ(odd.isa, want);
@@ -74,8 +76,6 @@ TEST_P(HostLoops, SelectsTheSetAskedFor) {
   EXPECT_EQ((kpa::detail::host_loops<4, kpa::half>(isa(), 64, 16).chunk_values == avx2.chunk_values),
             want == HostIsa::Avx2);
 }
-
-bool tiles(HostIsa isa) { return isa == HostIsa::Amx || isa == HostIsa::AmxModel; }
 
 /// Runs the set's q.k on `args`, preparing the query first where the set has that step: there
 /// from q * factor with a scale of 1 / factor (a power of two), which must give the same logits.
@@ -323,6 +323,72 @@ TEST_P(HostLoops, Fp8Caches) {
   check_shapes<2, kpa::fp8_e5m2>(isa(), {16, 64});
   check_shapes<8, kpa::fp8_e5m2>(isa(), {32});
   check_shapes<16, kpa::fp8_e5m2>(isa(), {16});
+}
+
+// Passes of one tile may share the blocks a set packed (TileKey), and only they: the same blocks
+// read again with another query or other probabilities, with fewer slots (a later pass's causal
+// end), and after the cache memory changed under a new call or for another tile. Every set must
+// give the values of the memory as it is at each call.
+template <class S>
+void check_packed_blocks_reuse(HostIsa isa) {
+  constexpr int H = 8, B = 32, D = 64;
+  std::mt19937 rng(99);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  const auto first_call = kpa::detail::host_loops<H, S>(isa, D, B);
+  const auto second_call = kpa::detail::host_loops<H, S>(isa, D, B);
+  ASSERT_NE(first_call.call, second_call.call);
+  Block<S> block(B, D, B, rng);
+  std::vector<S> keys = block.keys, values = block.values;  // the memory the loops read
+  struct Step {
+    const kpa::detail::HostLoops<H, S>* loops;
+    int tile, slots;
+    bool new_contents;
+  };
+  const Step steps[] = {{&first_call, 0, B, false},       {&first_call, 0, B, false},  // a new query and p
+                        {&first_call, 0, B - 5, false},   {&first_call, 0, B, false},
+                        {&second_call, 0, B, true},       {&second_call, 1, B, true},
+                        {&second_call, 1, B - 9, false}};
+  for (const Step& step : steps) {
+    if (step.new_contents) {
+      block = Block<S>(B, D, B, rng);
+      std::copy(block.keys.begin(), block.keys.end(), keys.begin());
+      std::copy(block.values.begin(), block.values.end(), values.begin());
+    }
+    const kpa::detail::TileKey tile{step.loops->call, step.tile};
+    const std::string where = name_of(isa) + " tile " + std::to_string(step.tile) + " slots " + std::to_string(step.slots);
+    std::vector<float> q(static_cast<std::size_t>(H) * D), logits(static_cast<std::size_t>(H) * B, -1.0f);
+    for (float& v : q) v = uniform(rng) - 0.5f;
+    kpa::detail::BlockLogitsArgs<S> args{keys.data(), B, D, step.slots, q.data(), logits.data(), B};
+    args.tile = tile;
+    run_block_logits<H, S>(*step.loops, args);
+    for (int g = 0; g < H; ++g) {
+      for (int slot = 0; slot < step.slots; ++slot) {
+        double dot = 0.0;
+        for (int d = 0; d < D; ++d) dot += q[g * D + d] * block.key[slot * D + d];
+        EXPECT_NEAR(logits[g * B + slot], dot, 2e-5 * (1 + std::fabs(dot))) << where << " slot " << slot;
+      }
+    }
+    std::vector<float> probs(static_cast<std::size_t>(H) * B), o(static_cast<std::size_t>(H) * D, 0.0f);
+    for (float& v : probs) v = uniform(rng);
+    const int id = 0;
+    kpa::detail::ChunkValuesArgs<S> values_args{values.data(), static_cast<std::int64_t>(B) * D, &id, 1, step.slots, B,
+                                                D, probs.data(), B, o.data()};
+    values_args.tile = tile;
+    kpa::detail::BlockPrefetcher idle;
+    step.loops->chunk_values(values_args, idle, 0, D);
+    for (int g = 0; g < H; ++g) {
+      for (int d = 0; d < D; ++d) {
+        double expected = 0.0;
+        for (int slot = 0; slot < step.slots; ++slot) expected += probs[g * B + slot] * block.value[slot * D + d];
+        EXPECT_NEAR(o[g * D + d], expected, 2e-5 * (1 + std::fabs(expected))) << where << " d " << d;
+      }
+    }
+  }
+}
+
+TEST_P(HostLoops, PassesOfATileShareOnlyTheirOwnPackedBlocks) {
+  check_packed_blocks_reuse<kpa::bfloat16>(isa());
+  check_packed_blocks_reuse<kpa::fp8_e4m3>(isa());
 }
 
 // The query and output row conversions of every instruction set against the scalar ones, bit

@@ -4,14 +4,17 @@
 // for HostIsa::Amx, and TileModel, their software model, for HostIsa::AmxModel. The code around
 // the tiles is AVX2, so the model runs on any AVX2 CPU.
 //
-// Tiles (tdpbf16ps: C[16][N] += A[16][2K] . B[K][N][2], f32 sums of bf16 pairs):
-//   q.k    C = logits^T [16 slots][H rows], times the scale as they are stored; A = 16 slots x
-//          32 dimensions of keys, repacked from vLLM's [D/x][B][x] layout (fp8 codes widened to
-//          their exact bf16 values); B = the query rows, unscaled, in dimension pairs
-//          (prepare_query, once per pass);
-//   p.V    C = o^T [16 dimensions][H rows]; A = 16 dimension rows x KS slots of values, read in
-//          place from the [D][B] layout (a partly filled block and fp8 codes through a buffer);
-//          B = the chunk's probabilities in slot pairs.
+// Tiles (tdpbf16ps: C[M][N] += A[M][2K] . B[K][N][2], f32 sums of bf16 pairs), the pass's H rows
+// as the rows of A and C, so that every operand a pass makes itself is read row by row:
+//   q.k    C = logits [H rows][16 slots], times the scale as they are copied out; A = the query
+//          rows, unscaled, 32 dimensions per step (prepare_query, once per pass); B = 16 slots of
+//          keys in dimension pairs (pack_keys: vLLM's [D/x][B][x] layout transposed, fp8 codes
+//          widened to their exact bf16 values);
+//   p.V    C = o [H rows][16 dimensions]; A = the chunk's probabilities, KS slots per step; B =
+//          16 dimension rows of values in slot pairs (pack_values: the [D][B] layout transposed).
+// Packing is what costs beside the tile products, so a thread keeps the blocks it packed for the
+// later passes of a tile of several (PackedBlocks: the rows of a prefill chunk read the same
+// blocks pass after pass); a tile of one pass (decode) packs into a buffer it reuses.
 // Precision: q and p are f32; each is split into bf16 parts that sum to it exactly (round to
 // nearest, the remainder rounded again, the last remainder exact): p into three, the query into
 // as many as it needs (one for a bf16 query, two for f16: the scale is applied to the sums, so
@@ -51,62 +54,49 @@ KPA_IMPL_AVX2_INLINE inline __m256i bf16_rounded(__m256 x) {
 
 KPA_IMPL_AVX2_INLINE inline __m256 bf16_value(__m256i bf16) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16, 16)); }
 
-/// Lanes 2i and 2i + 1 of 8 bf16 (low halves of 32-bit lanes) as the 4 words of their pairs.
-KPA_IMPL_AVX2_INLINE inline void store_pairs(__m256i bf16, std::uint32_t* dst, int dst_stride) {
-  const __m256i words = _mm256_or_si256(bf16, _mm256_srli_epi64(bf16, 16));  // low 32 bits of each 64
-  alignas(32) std::uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), words);
-  dst[0] = lanes[0];
-  dst[dst_stride] = lanes[2];
-  dst[2 * dst_stride] = lanes[4];
-  dst[3 * dst_stride] = lanes[6];
-}
-
-/// Rows [0, H) of `n` floats (src + g * src_stride) as kParts B-tile operands in element pairs:
-/// word (i / 2) * H + g of part p holds part p of elements i and i + 1 (i even) of row g, the
-/// parts summing exactly to the float; elements [n, n_padded) are zeros. part_stride: words
-/// between parts.
+/// Rows [0, H) of `n` floats (src + g * src_stride) as kParts rows of bf16 codes each: part p
+/// of element i of row g at dst[p * part_stride + g * row_stride + i], the parts summing exactly
+/// to the float; elements [n, n_padded) are zeros (n_padded a multiple of 16). Returns the parts
+/// up to the last one with a nonzero code (at least 1).
 template <int H>
-KPA_IMPL_AVX2 void split_rows_in_pairs(const float* src, int src_stride, int n, int n_padded, std::uint32_t* dst,
-                                       int part_stride) {
+KPA_IMPL_AVX2 int split_rows(const float* src, int src_stride, int n, int n_padded, std::uint16_t* dst, int row_stride,
+                             int part_stride) {
+  __m256i nonzero[kParts] = {};
   for (int g = 0; g < H; ++g) {
     const float* row = src + static_cast<std::int64_t>(g) * src_stride;
-    for (int i = 0; i < n_padded; i += 8) {
-      const __m256i mask = first_lanes(n - i);
-      __m256 x = _mm256_and_ps(_mm256_maskload_ps(row + i, mask), _mm256_castsi256_ps(mask));
-      std::uint32_t* out = dst + (i / 2) * H + g;
+    for (int i = 0; i < n_padded; i += 16) {
+      const __m256i mask_lo = first_lanes(n - i), mask_hi = first_lanes(n - i - 8);
+      __m256 lo = _mm256_and_ps(_mm256_maskload_ps(row + i, mask_lo), _mm256_castsi256_ps(mask_lo));
+      __m256 hi = _mm256_and_ps(_mm256_maskload_ps(row + i + 8, mask_hi), _mm256_castsi256_ps(mask_hi));
 #pragma GCC unroll 3
       for (int p = 0; p < kParts; ++p) {
-        const __m256i part = bf16_rounded(x);
-        store_pairs(part, out + p * part_stride, H);
-        x = _mm256_sub_ps(x, bf16_value(part));  // exact: the remainder of a rounding
+        const __m256i a = bf16_rounded(lo), b = bf16_rounded(hi);
+        // packus keeps each 128-bit half's order: a0-3 b0-3 a4-7 b4-7, then the quarters in place.
+        const __m256i codes = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + p * part_stride + g * row_stride + i), codes);
+        nonzero[p] = _mm256_or_si256(nonzero[p], codes);
+        lo = _mm256_sub_ps(lo, bf16_value(a));  // exact: the remainder of a rounding
+        hi = _mm256_sub_ps(hi, bf16_value(b));
       }
     }
   }
+  int parts = kParts;
+  while (parts > 1 && _mm256_testz_si256(nonzero[parts - 1], nonzero[parts - 1])) --parts;
+  return parts;
 }
 
-/// Head sizes up to which block_logits takes q.k (its repacked keys live on the stack).
+/// Head sizes up to which q.k takes the tiles.
 inline constexpr int kMaxHeadSize = 256;
 
-/// Whether all n words are zero, n a multiple of 8 (a part of the query: H x head_size / 2 words,
-/// head sizes multiples of 32).
-KPA_IMPL_AVX2_INLINE inline bool all_zero(const std::uint32_t* words, int n) {
-  __m256i any = _mm256_setzero_si256();
-  for (int i = 0; i < n; i += 8) any = _mm256_or_si256(any, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i)));
-  return _mm256_testz_si256(any, any) != 0;
-}
-
-/// The pass's query rows (unscaled) as q.k's B tiles, in the thread's buffer: part p of
-/// dimension pair j of row g at word p * (H * head_size / 2) + j * H + g; the parts after the
-/// last one with a nonzero word are left out (QueryTiles::parts).
+/// The pass's query rows (unscaled) as q.k's A tiles, in the thread's buffer: part p of row g,
+/// dimension d, at bf16 code p * H * head_size + g * head_size + d (two codes per word); the
+/// parts after the last one with a nonzero code are left out (QueryTiles::parts).
 template <int H>
 KPA_IMPL_AVX2 QueryTiles prepare_query(const float* q, int head_size) {
   thread_local std::vector<std::uint32_t> tiles;
-  const int part_words = H * head_size / 2;
-  tiles.resize(static_cast<std::size_t>(kParts) * part_words);
-  split_rows_in_pairs<H>(q, head_size, head_size, head_size, tiles.data(), part_words);
-  int parts = kParts;
-  while (parts > 1 && all_zero(tiles.data() + (parts - 1) * part_words, part_words)) --parts;
+  tiles.resize(static_cast<std::size_t>(kParts) * H * head_size / 2);
+  auto* codes = reinterpret_cast<std::uint16_t*>(tiles.data());
+  const int parts = split_rows<H>(q, head_size, head_size, head_size, codes, head_size, H * head_size);
   return QueryTiles{tiles.data(), parts};
 }
 
@@ -135,69 +125,264 @@ KPA_IMPL_AVX2_INLINE inline void widen_to_bf16(const CacheT* p, std::uint16_t* d
   }
 }
 
-/// Tile numbers: the accumulator, the cache operand, and the kParts query or probability parts.
+/// The bf16 code of one cache element's value.
+template <class CacheT>
+inline std::uint16_t bf16_code(CacheT x) {
+  return static_cast<std::uint16_t>(compat::bit_cast<std::uint32_t>(to_float(x)) >> 16);
+}
+
+/// Transposes 8 rows of 4 words, rows 2i and 2i + 1 in the halves of in[i]: out[j] holds word j
+/// of the rows in the order 0 2 4 6 1 3 5 7 (kSlotOrder).
+KPA_IMPL_AVX2_INLINE inline void transpose_8x4(const __m256i (&in)[4], __m256i (&out)[4]) {
+  const __m256i t0 = _mm256_unpacklo_epi32(in[0], in[1]), t1 = _mm256_unpackhi_epi32(in[0], in[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(in[2], in[3]), t3 = _mm256_unpackhi_epi32(in[2], in[3]);
+  out[0] = _mm256_unpacklo_epi64(t0, t2);
+  out[1] = _mm256_unpackhi_epi64(t0, t2);
+  out[2] = _mm256_unpacklo_epi64(t1, t3);
+  out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/// Where transpose_8x4 leaves each row: lane i of its output holds row kSlotOrder[i]; reading
+/// lanes kSlotOrderInverse puts them back in order.
+inline constexpr int kSlotOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+inline constexpr int kSlotOrderInverse[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+/// Transposes 8 rows of 8 words (in[r], row r) into 8 columns (out[c]: word c of rows 0..7).
+KPA_IMPL_AVX2_INLINE inline void transpose_8x8(const __m256i (&in)[8], __m256i (&out)[8]) {
+  __m256i t[8], u[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(in[i], in[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(in[i], in[i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    out[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+    out[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+  }
+}
+
+/// Words of one key block packed for q.k (pack_keys): per group of 16 slots and step of 32
+/// dimensions, a B tile of 16 dimension pairs x 16 slots.
+inline int packed_key_words(int block_size, int head_size) { return (block_size + 15) / 16 * 16 * head_size / 2; }
+
+/// The first `slots` slots of a key block as q.k's B tiles: word (group * steps + step) * 256 +
+/// k * 16 + c holds dimensions 32 step + 2k and 32 step + 2k + 1 of slot 16 group + 8 (c / 8) +
+/// kSlotOrder[c % 8]. The columns of slots past `slots` are zeros where their 8-slot half holds
+/// a slot, else left as they were: a column of C depends on its own column of B alone, and q.k
+/// copies out only the slots asked for.
+template <class CacheT>
+KPA_IMPL_AVX2 void pack_keys(const CacheT* block, int block_size, int head_size, int slots, std::uint32_t* dst) {
+  constexpr int X = kWidened<CacheT>;  // elements of a key vector
+  const int steps = head_size / 32;
+  alignas(32) std::uint16_t widened[8][16];  // fp8: 8 slots' 16 dimensions as bf16
+  for (int s0 = 0; s0 < slots; s0 += 8) {
+    const int group = s0 / 16, half = s0 / 8 % 2, valid = slots - s0;
+    for (int d = 0; d < head_size; d += X) {
+      const CacheT* src = block + static_cast<std::int64_t>(d / X) * block_size * X + static_cast<std::int64_t>(s0) * X;
+      // Rows of 8 dimensions (4 words) for each of the 8 slots, as transpose_8x4 takes them.
+      for (int h = 0; h < X / 8; ++h) {
+        __m256i rows[4];
+        if constexpr (std::is_same_v<CacheT, bfloat16>) {
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) {
+            const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(2 * i, 2 * i, 2 * i, 2 * i, 2 * i + 1,
+                                                                                                  2 * i + 1, 2 * i + 1, 2 * i + 1));
+            rows[i] = _mm256_maskload_epi32(reinterpret_cast<const int*>(src + 16 * i), mask);
+          }
+        } else {
+          if (h == 0) {
+            for (int s = 0; s < 8; ++s) {
+              if (s < valid) {
+                widen_to_bf16(src + s * X, widened[s]);
+              } else {
+                std::memset(widened[s], 0, sizeof widened[s]);
+              }
+            }
+          }
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) {
+            rows[i] = _mm256_set_m128i(_mm_load_si128(reinterpret_cast<const __m128i*>(&widened[2 * i + 1][8 * h])),
+                                       _mm_load_si128(reinterpret_cast<const __m128i*>(&widened[2 * i][8 * h])));
+          }
+        }
+        __m256i words[4];
+        transpose_8x4(rows, words);
+        const int dim = d + 8 * h, step = dim / 32, k = dim % 32 / 2;
+        std::uint32_t* out = dst + (group * steps + step) * 256 + k * 16 + half * 8;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j * 16), words[j]);
+      }
+    }
+  }
+}
+
+/// Block sizes chunk_values has tiles for: whole tile operands of 16 or 32 slots per block row.
+inline bool has_value_tiles(int block_size) { return block_size % 16 == 0; }
+
+/// Slots per p.V step: a B tile's 16 rows of slot pairs, or 8 where blocks are not of 32.
+inline int value_step(int block_size) { return block_size % 32 == 0 ? 32 : 16; }
+
+/// Words of one value block's 16 dimensions packed for p.V (pack_values).
+inline int packed_value_words(int block_size) { return block_size * 8; }
+
+/// Dimensions [d0, d0 + 16) of the first `slots` slots of a value block as p.V's B tiles: word
+/// step * KS * 8 + k * 16 + j holds slots KS step + 2k and KS step + 2k + 1 of dimension d0 + j
+/// (KS = value_step); slots past `slots` are zeros (the cache there may hold NaN), steps past
+/// the last slot are not written.
+template <class CacheT>
+KPA_IMPL_AVX2 void pack_values(const CacheT* block, int block_size, int d0, int slots, std::uint32_t* dst) {
+  constexpr bool kInPlace = std::is_same_v<CacheT, bfloat16>;
+  const int B = block_size, KS = value_step(B);
+  alignas(32) std::uint16_t widened[16][32];  // [dimension][slot]: fp8 codes, a partly filled step
+  for (int step = 0; step * KS < slots; ++step) {
+    const int n = slots - step * KS;
+    const CacheT* rows = block + static_cast<std::int64_t>(d0) * B + step * KS;
+    const std::uint16_t* src = reinterpret_cast<const std::uint16_t*>(rows);
+    std::int64_t stride = B;  // codes between dimension rows
+    if (!kInPlace || n < KS) {
+      for (int r = 0; r < 16; ++r) {
+        const CacheT* row = rows + static_cast<std::int64_t>(r) * B;
+        if (n >= KS) {
+          for (int j = 0; j < KS; j += kWidened<CacheT>) widen_to_bf16(row + j, &widened[r][j]);
+        } else {
+          for (int j = 0; j < KS; ++j) widened[r][j] = j < n ? bf16_code(row[j]) : std::uint16_t{0};
+        }
+      }
+      src = &widened[0][0];
+      stride = 32;
+    }
+    std::uint32_t* out = dst + step * KS * 8;
+    for (int dh = 0; dh < 2; ++dh) {      // dimensions 8 dh .. 8 dh + 7
+      for (int kh = 0; kh < KS / 16; ++kh) {  // slot pairs 8 kh .. 8 kh + 7
+        __m256i in[8], cols[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) {
+          in[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (8 * dh + r) * stride + 16 * kh));
+        }
+        transpose_8x8(in, cols);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (8 * kh + c) * 16 + 8 * dh), cols[c]);
+        }
+      }
+    }
+  }
+}
+
+/// Packed cache blocks a thread keeps for the later passes of a tile of several passes
+/// (TileKey): direct-mapped by the block's address, each entry tagged with the block, its slots
+/// and the part of it packed (the dimension group of values), so a block packed for another
+/// slot count or part is packed again; a new tile or call empties it.
+class PackedBlocks {
+ public:
+  /// The buffer of `words` words for (block, slots, part) and whether it holds them already;
+  /// where not, the caller packs them into it.
+  std::uint32_t* find(const TileKey& tile, const void* block, int slots, int part, int words, bool& packed) {
+    if (tile.index < 0) {  // nothing kept: one buffer, packed each time
+      packed = false;
+      if (single_.size() < static_cast<std::size_t>(words)) single_.resize(words);
+      return single_.data();
+    }
+    if (tile.call != call_ || tile.index != index_ || words != words_) {
+      call_ = tile.call;
+      index_ = tile.index;
+      words_ = words;
+      const std::size_t entries = kKeptWords / words > 0 ? kKeptWords / words : 1;
+      tags_.assign(entries, Tag{});
+      data_.resize(entries * static_cast<std::size_t>(words));
+    }
+    const std::uintptr_t address = reinterpret_cast<std::uintptr_t>(block) / 64 + static_cast<std::uintptr_t>(part);
+    const std::size_t entry = static_cast<std::size_t>((address * 0x9E3779B97F4A7C15ull) >> 32) % tags_.size();
+    Tag& tag = tags_[entry];
+    packed = tag.block == block && tag.slots == slots && tag.part == part;
+    tag = Tag{block, slots, part};
+    return data_.data() + entry * static_cast<std::size_t>(words);
+  }
+
+ private:
+  /// Words kept per thread and kind (keys, values): a 2,048-token tile of head size 128 whole.
+  static constexpr std::size_t kKeptWords = std::size_t{1} << 19;
+  struct Tag {
+    const void* block = nullptr;
+    int slots = -1;
+    int part = -1;
+  };
+  std::uint64_t call_ = 0;
+  int index_ = -1;
+  int words_ = 0;
+  std::vector<Tag> tags_;
+  std::vector<std::uint32_t> data_;
+  std::vector<std::uint32_t> single_;
+};
+
+inline PackedBlocks& packed_keys() {
+  thread_local PackedBlocks blocks;
+  return blocks;
+}
+inline PackedBlocks& packed_values() {
+  thread_local PackedBlocks blocks;
+  return blocks;
+}
+
+/// Tile numbers: the accumulator, the query or probability operand, the cache operand.
 inline constexpr int kC = 0, kA = 1, kB = 2;
 
-/// C += A . B for the first `count` (1 to kParts) parts of B, part_stride words apart.
-template <class Tiles>
-KPA_IMPL_AVX2_INLINE inline void dot_parts(const std::uint32_t* parts, int count, int part_stride, int b_stride) {
-  static_assert(kParts == 3, "a tile per part");
-  Tiles::template load<kB>(parts, b_stride);
-  Tiles::template dot_bf16<kC, kA, kB>();
-  if (count < 2) return;
-  Tiles::template load<kB + 1>(parts + part_stride, b_stride);
-  Tiles::template dot_bf16<kC, kA, kB + 1>();
-  if (count < 3) return;
-  Tiles::template load<kB + 2>(parts + 2 * part_stride, b_stride);
-  Tiles::template dot_bf16<kC, kA, kB + 2>();
+/// Row g of a C tile (16 floats), in slot order where it came from pack_keys' columns, times
+/// `scale`, into dst[0, n).
+KPA_IMPL_AVX2_INLINE inline void copy_logits(const float* c_row, float scale, float* dst, int n) {
+  const __m256i order = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kSlotOrderInverse));
+  const __m256 s = _mm256_set1_ps(scale);
+  const __m256 lo = _mm256_mul_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(c_row), order), s);
+  const __m256 hi = _mm256_mul_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(c_row + 8), order), s);
+  _mm256_maskstore_ps(dst, first_lanes(n), lo);
+  _mm256_maskstore_ps(dst + 8, first_lanes(n - 8), hi);
 }
 
 /// q.k of a block, for head sizes that are multiples of 32 up to kMaxHeadSize: a.q_tiles holds
 /// the query as prepare_query left it, a.scale multiplies the sums.
 template <int H, class CacheT, class Tiles>
 KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
-  static_assert(H <= 16, "a tile's 16 columns hold the rows of a pass");
-  constexpr int X = static_cast<int>(16 / sizeof(CacheT));  // elements of a key vector
-  const int D = a.head_size, steps = D / 32, part_stride = H * D / 2;
+  static_assert(H <= 16, "a tile's 16 rows hold the rows of a pass");
+  const int D = a.head_size, steps = D / 32, part_codes = H * D;
+  bool packed = false;
+  std::uint32_t* keys = packed_keys().find(a.tile, a.key_block, a.slots, 0, packed_key_words(a.block_size, D), packed);
+  if (!packed) pack_keys(a.key_block, a.block_size, D, a.slots, keys);
   TileConfig config;
-  config.set(kC, 16, 4 * H);
-  config.set(kA, 16, 64);
-  for (int p = 0; p < kParts; ++p) config.set(kB + p, 16, 4 * H);
-  alignas(64) std::uint16_t keys[kMaxHeadSize / 32][16][32];  // [step][slot][dimension]
-  alignas(64) float sums[16][H];
+  config.set(kC, H, 64);
+  config.set(kA, H, 64);
+  config.set(kB, 16, 64);
+  alignas(64) float sums[H][16];
+  const auto* query = reinterpret_cast<const std::uint16_t*>(a.q_tiles.words);
   Tiles::configure(config);
   for (int slot0 = 0; slot0 < a.slots; slot0 += 16) {
-    const int n = a.slots - slot0 < 16 ? a.slots - slot0 : 16;
-    for (int s = 0; s < 16; ++s) {
-      for (int d = 0; d < D; d += X) {
-        std::uint16_t* dst = &keys[d / 32][s][d % 32];
-        if (s < n) {
-          widen_to_bf16(a.key_block + static_cast<std::int64_t>(d / X) * a.block_size * X + (slot0 + s) * X, dst);
-        } else {  // past the block's slots: zeros (the cache there may hold NaN)
-          std::memset(dst, 0, sizeof(std::uint16_t) * X);
-        }
-      }
-    }
     Tiles::template zero<kC>();
     for (int step = 0; step < steps; ++step) {
-      Tiles::template load<kA>(keys[step], 64);
-      dot_parts<Tiles>(a.q_tiles.words + step * 16 * H, a.q_tiles.parts, part_stride, 4 * H);
+      Tiles::template load<kB>(keys + (slot0 / 16 * steps + step) * 256, 64);
+      for (int p = 0; p < a.q_tiles.parts; ++p) {
+        Tiles::template load<kA>(query + p * part_codes + step * 32, 2 * D);
+        Tiles::template dot_bf16<kC, kA, kB>();
+      }
     }
-    Tiles::template store<kC>(sums, 4 * H);
-    for (int g = 0; g < H; ++g) {
-      for (int s = 0; s < n; ++s) a.logits[g * a.logits_stride + slot0 + s] = sums[s][g] * a.scale;
-    }
+    Tiles::template store<kC>(sums, 64);
+    for (int g = 0; g < H; ++g) copy_logits(sums[g], a.scale, a.logits + g * a.logits_stride + slot0, a.slots - slot0);
   }
   Tiles::release();
-  prefetch.finish();
+  // A tile of several passes reads the cache once, as it packs; later passes read what it packed.
+  if (a.tile.index < 0) prefetch.finish();
 }
 
-/// Block sizes chunk_values has tiles for: whole tile operands of 16 or 32 slots per block row.
-inline bool has_value_tiles(int block_size) { return block_size % 16 == 0; }
-
-/// The chunk's probabilities in B-tile form, per attended block: a thread's buffer, reused.
-inline std::vector<std::uint32_t>& probability_tiles() {
-  thread_local std::vector<std::uint32_t> tiles;
+/// The chunk's probabilities as p.V's A tiles (kParts parts of H rows of the chunk's slots, bf16
+/// codes): a thread's buffer, reused.
+inline std::vector<std::uint16_t>& probability_tiles() {
+  thread_local std::vector<std::uint16_t> tiles;
   return tiles;
 }
 
@@ -205,28 +390,21 @@ inline std::vector<std::uint32_t>& probability_tiles() {
 /// a last range of fewer than 16 dimensions runs the AVX2 loop.
 template <int H, class CacheT, class Tiles>
 KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin, int d_end) {
-  static_assert(H <= 16, "a tile's 16 columns hold the rows of a pass");
-  constexpr bool kInPlace = std::is_same_v<CacheT, bfloat16>;  // cache rows are tile rows as they are
-  const int B = a.block_size, KS = B % 32 == 0 ? 32 : 16, steps = B / KS;
-  // Per attended block and step of KS slots: kParts parts of KS / 2 slot pairs x H rows.
-  const int part_stride = KS / 2 * H, step_words = kParts * part_stride;
-  std::vector<std::uint32_t>& tiles = probability_tiles();
-  tiles.resize(static_cast<std::size_t>(a.blocks) * steps * step_words);
-  for (int lb = 0; lb < a.blocks; ++lb) {
-    if (a.block_ids[lb] < 0) continue;
-    const int slots = lb + 1 == a.blocks ? a.last_block_slots : B;
-    for (int step = 0; step < steps; ++step) {
-      const int n = slots - step * KS;
-      std::uint32_t* dst = tiles.data() + (static_cast<std::size_t>(lb) * steps + step) * step_words;
-      split_rows_in_pairs<H>(a.probs + lb * B + step * KS, a.probs_stride, n < 0 ? 0 : n, KS, dst, part_stride);
-    }
-  }
+  static_assert(H <= 16, "a tile's 16 rows hold the rows of a pass");
+  const int B = a.block_size, KS = value_step(B);
+  const int row_codes = a.blocks * B, part_codes = H * row_codes;
+  std::vector<std::uint16_t>& probs = probability_tiles();
+  probs.resize(static_cast<std::size_t>(kParts) * part_codes);
+  // Every part, even where the chunk's probabilities need fewer: which results an infinite value
+  // turns into NaN (amx.hpp's header) does not depend on the other probabilities.
+  split_rows<H>(a.probs, a.probs_stride, (a.blocks - 1) * B + a.last_block_slots, row_codes, probs.data(), row_codes,
+                part_codes);
   TileConfig config;
-  config.set(kC, 16, 4 * H);
-  config.set(kA, 16, 2 * KS);
-  for (int p = 0; p < kParts; ++p) config.set(kB + p, KS / 2, 4 * H);
-  alignas(64) std::uint16_t values[16][32];  // [dimension][slot]: a partly filled block, fp8 codes
-  alignas(64) float sums[16][H];
+  config.set(kC, H, 64);
+  config.set(kA, H, 2 * KS);
+  config.set(kB, KS / 2, 64);
+  alignas(64) float sums[H][16];
+  PackedBlocks& kept = packed_values();
   Tiles::configure(config);
   int d0 = d_begin;
   for (; d0 + 16 <= d_end; d0 += 16) {
@@ -234,38 +412,29 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
     for (int lb = 0; lb < a.blocks; ++lb) {
       if (a.block_ids[lb] < 0) continue;  // attended by no row of the pass: never read
       const int slots = lb + 1 == a.blocks ? a.last_block_slots : B;
-      const CacheT* rows = a.value_head + a.block_ids[lb] * a.block_stride + static_cast<std::int64_t>(d0) * B;
+      const CacheT* block = a.value_head + a.block_ids[lb] * a.block_stride;
+      bool packed = false;
+      std::uint32_t* values = kept.find(a.tile, block, slots, d0, packed_value_words(B), packed);
+      if (!packed) pack_values(block, B, d0, slots, values);
       for (int step = 0; step * KS < slots; ++step) {
-        const int n = slots - step * KS;
-        if (kInPlace && n >= KS) {  // whole bf16 rows: the tile reads the cache itself
-          Tiles::template load<kA>(rows + step * KS, static_cast<std::int64_t>(sizeof(CacheT)) * B);
-        } else {
-          for (int r = 0; r < 16; ++r) {
-            const CacheT* src = rows + static_cast<std::int64_t>(r) * B + step * KS;
-            if (n >= KS) {
-              for (int j = 0; j < KS; j += kWidened<CacheT>) widen_to_bf16(src + j, &values[r][j]);
-            } else {  // slots past the sequence may hold NaN: zeros, not 0 * NaN
-              for (int j = 0; j < KS; ++j) {
-                values[r][j] = j < n ? static_cast<std::uint16_t>(compat::bit_cast<std::uint32_t>(to_float(src[j])) >> 16)
-                                     : std::uint16_t{0};
-              }
-            }
-          }
-          Tiles::template load<kA>(values, 64);
+        Tiles::template load<kB>(values + step * KS * 8, 64);
+        for (int p = 0; p < kParts; ++p) {
+          Tiles::template load<kA>(probs.data() + p * part_codes + lb * B + step * KS, 2 * row_codes);
+          Tiles::template dot_bf16<kC, kA, kB>();
         }
-        dot_parts<Tiles>(tiles.data() + (static_cast<std::size_t>(lb) * steps + step) * step_words, kParts,
-                         part_stride, 4 * H);
       }
     }
-    Tiles::template store<kC>(sums, 4 * H);
+    Tiles::template store<kC>(sums, 64);
     for (int g = 0; g < H; ++g) {
-      for (int r = 0; r < 16; ++r) a.o[g * a.head_size + d0 + r] += sums[r][g];
+      float* o = a.o + g * a.head_size + d0;
+      _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_load_ps(sums[g])));
+      _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), _mm256_load_ps(sums[g] + 8)));
     }
   }
   Tiles::release();
   if (d0 < d_end) {
     avx2::chunk_values<H, CacheT, avx2::Avx2>(a, prefetch, d0, d_end);
-  } else {
+  } else if (a.tile.index < 0) {
     prefetch.finish();
   }
 }

@@ -147,19 +147,20 @@ struct PartitionKernel {
       if (first > pass.begin) pass.begin += (first - pass.begin) / B * B;
       const int last = row_position(pass, pass.rows - 1) + 1;
       if (last < pass.end) pass.end = last;
-      run_pass(member, scratch, pass);  // with nothing to attend it stores empty states
+      run_pass(member, scratch, pass, rows > H ? tile : -1);  // with nothing to attend it stores empty states
     }
   }
 
-  KOKKOS_INLINE_FUNCTION void run_pass(const member_type& member, const TileScratch& scratch, const Pass& pass) const {
+  KOKKOS_INLINE_FUNCTION void run_pass(const member_type& member, const TileScratch& scratch, const Pass& pass,
+                                       int tile_of_passes) const {
     load_query(member, scratch, pass);
     SoftmaxStates<H> running;  // identical in every worker of the team
-    path.attend(member, context(scratch, pass), running);
+    path.attend(member, context(scratch, pass, tile_of_passes), running);
     store(member, scratch, pass, running);
   }
 
   /// What the kernel path sees of a pass.
-  KOKKOS_INLINE_FUNCTION PassContext<H, CacheT> context(const TileScratch& scratch, const Pass& pass) const {
+  KOKKOS_INLINE_FUNCTION PassContext<H, CacheT> context(const TileScratch& scratch, const Pass& pass, int tile) const {
     PassContext<H, CacheT> c;
     c.key_head = key_cache + pass.kv_head * params.cache_head_stride;
     c.value_head = value_cache + pass.kv_head * params.cache_head_stride;
@@ -178,6 +179,7 @@ struct PartitionKernel {
     }
     c.variant = variant;
     c.scratch = scratch;
+    c.tile = tile;
     return c;
   }
 

@@ -133,6 +133,15 @@ struct QueryTiles {
   int parts = 0;
 };
 
+/// The tile a pass belongs to, for sets that repack cache blocks into their own layout: where a
+/// tile has several passes over the same blocks (the rows of a prefill chunk), a thread may keep
+/// the blocks it packed for the tile's later passes. Unique within a call (`call`: HostLoops::call);
+/// index < 0: the tile's only pass, nothing worth keeping.
+struct TileKey {
+  std::uint64_t call = 0;
+  int index = -1;
+};
+
 /// One block_logits call: q . k for the first `slots` slots of one cache block of one kv head.
 template <class CacheT>
 struct BlockLogitsArgs {
@@ -147,6 +156,7 @@ struct BlockLogitsArgs {
   /// the scale, which multiplies the sums.
   QueryTiles q_tiles{};
   float scale = 1.0f;
+  TileKey tile{};
 };
 
 /// One chunk_values call: o += p . V over the chunk's blocks, for output dimensions [d_begin, d_end).
@@ -162,6 +172,7 @@ struct ChunkValuesArgs {
   const float* probs;        ///< probabilities of head g, chunk token t at probs[g * probs_stride + t]
   int probs_stride;
   float* o;                  ///< [H][head_size] running output, already rescaled for this chunk
+  TileKey tile{};
 };
 
 /// The instruction-set parts of the row-wise logit rules and of the softmax (AttentionVariant
@@ -181,6 +192,7 @@ struct RowLoops {
 template <int H, class CacheT>
 struct HostLoops {
   HostIsa isa = HostIsa::Portable;  ///< the set the pointers below belong to
+  std::uint64_t call = 0;            ///< a number of host_loops' that no other call shares (TileKey)
   /// The pass's query rows ([H][head_size] floats, without the scale: block_logits applies it
   /// to the sums) in the form block_logits reads (BlockLogitsArgs::q_tiles), once per pass, in a
   /// buffer of the calling thread's that holds them until its next call; null where

@@ -132,7 +132,7 @@ struct HostPath {
           prefetch_bytes(c.value_head + block_id * c.block_stride, block_bytes);
         }
         loops.block_logits(BlockLogitsArgs<CacheT>{c.key_head + block_id * c.block_stride, B, D, slots, s.q,
-                                                   s.probs + lb * B, CT, q_tiles, c.scale},
+                                                   s.probs + lb * B, CT, q_tiles, c.scale, TileKey{loops.call, c.tile}},
                            prefetcher);
       });
       member.team_barrier();  // every member's logits and block ids are in scratch
@@ -157,7 +157,8 @@ struct HostPath {
       // 3. o = o * weight + p . V, members taking ranges of output dimensions.
       prefetcher.allow(prefetch_lines);  // the rest
       const ChunkValuesArgs<CacheT> values{c.value_head, c.block_stride, s.block_ids, blocks,
-                                           tokens - (blocks - 1) * B, B, D, s.probs, CT, s.o};
+                                           tokens - (blocks - 1) * B, B, D, s.probs, CT, s.o,
+                                           TileKey{loops.call, c.tile}};
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, members), [&](int r) {
         const int d_begin = D * r / members, d_end = D * (r + 1) / members;
         for (int g = 0; g < H; ++g) {

@@ -101,6 +101,7 @@ struct PassContext {
   QueryRow row[H];
   AttentionVariant variant;
   TileScratch scratch;
+  int tile;                  ///< the pass's tile where the tile has more passes, else -1 (TileKey)
 
   /// The physical block holding key `key`.
   KOKKOS_INLINE_FUNCTION int block_of(int key) const { return block_table[(key / block_size) * table_stride]; }
