@@ -63,7 +63,7 @@ template <int H, class CacheT>
 void host_qk(benchmark::State& state) {
   const auto isa = static_cast<HostIsa>(state.range(0));
   Chunk<H, CacheT> c(static_cast<int>(state.range(1)), static_cast<int>(state.range(2)));
-  const auto kernels = kpa::detail::host_loops<H, CacheT>(isa, c.head_size, c.block_size);
+  const auto kernels = kpa::detail::host_loops<H, CacheT>(isa, c.head_size, c.block_size, kpa::detail::Passes::Several);
   kpa::detail::BlockPrefetcher idle;  // the chunk stays in cache: nothing to ask for
   for (auto _ : state) {
     for (int b = 0; b < c.blocks; ++b) {
@@ -81,7 +81,7 @@ template <int H, class CacheT>
 void host_pv(benchmark::State& state) {
   const auto isa = static_cast<HostIsa>(state.range(0));
   Chunk<H, CacheT> c(static_cast<int>(state.range(1)), static_cast<int>(state.range(2)));
-  const auto kernels = kpa::detail::host_loops<H, CacheT>(isa, c.head_size, c.block_size);
+  const auto kernels = kpa::detail::host_loops<H, CacheT>(isa, c.head_size, c.block_size, kpa::detail::Passes::Several);
   const kpa::detail::ChunkValuesArgs<CacheT> args{c.values.data(), c.block_elements(), c.block_ids.data(),
                                                   c.blocks,        c.block_size,       c.block_size,
                                                   c.head_size,     c.probs.data(),     kChunkTokens,

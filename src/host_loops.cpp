@@ -41,14 +41,14 @@ std::atomic<std::uint64_t> calls{0};
 }  // namespace
 
 template <int H, class CacheT>
-HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size) {
+HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size, Passes passes) {
   if (isa == HostIsa::Amx || isa == HostIsa::AmxModel) {
-    HostLoops<H, CacheT> loops = host_loops<H, CacheT>(vector_isa(isa), head_size, block_size);
+    HostLoops<H, CacheT> loops = host_loops<H, CacheT>(vector_isa(isa), head_size, block_size, passes);
 #ifdef KPA_IMPL_X86_LOOPS
-    if (isa == HostIsa::Amx) amx::use_tile_loops<amx::AmxTiles>(loops, isa, head_size, block_size);
+    if (isa == HostIsa::Amx && passes == Passes::Several) amx::use_tile_loops<amx::AmxTiles>(loops, isa, head_size, block_size);
 #endif
 #ifdef KPA_IMPL_SOFTWARE_MODELS
-    if (isa == HostIsa::AmxModel) use_model_loops(loops, head_size, block_size);
+    if (isa == HostIsa::AmxModel) use_model_loops(loops, head_size, block_size, passes);
 #endif
     return loops;
   }
@@ -80,12 +80,14 @@ HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size) {
   (void)head_size;
   (void)block_size;
 #endif
+  (void)passes;
   return loops;
 }
 
 RowLoops host_row_loops(HostIsa isa) {
   isa = vector_isa(isa);
 #ifdef KPA_IMPL_X86_LOOPS
+  if (isa >= HostIsa::Avx512) return {&avx2::row_soft_cap, &avx2::row_add_ramp, &avx512::row_softmax};
   if (isa >= HostIsa::Avx2) return {&avx2::row_soft_cap, &avx2::row_add_ramp, &avx2::row_softmax};
 #endif
   (void)isa;
@@ -106,12 +108,12 @@ RowConversions<T> host_row_conversions(HostIsa isa) {
 static_assert(std::is_same_v<HostRowsPerPass, std::integer_sequence<int, 1, 2, 4, 6, 8, 16>>,
               "instantiate host_loops for every value of HostRowsPerPass");
 #define KPA_IMPL_INSTANTIATE_HOST_LOOPS(CacheT)                                   \
-  template HostLoops<1, CacheT> host_loops<1, CacheT>(HostIsa, int, int);   \
-  template HostLoops<2, CacheT> host_loops<2, CacheT>(HostIsa, int, int);   \
-  template HostLoops<4, CacheT> host_loops<4, CacheT>(HostIsa, int, int);   \
-  template HostLoops<6, CacheT> host_loops<6, CacheT>(HostIsa, int, int);   \
-  template HostLoops<8, CacheT> host_loops<8, CacheT>(HostIsa, int, int);   \
-  template HostLoops<16, CacheT> host_loops<16, CacheT>(HostIsa, int, int);
+  template HostLoops<1, CacheT> host_loops<1, CacheT>(HostIsa, int, int, Passes);   \
+  template HostLoops<2, CacheT> host_loops<2, CacheT>(HostIsa, int, int, Passes);   \
+  template HostLoops<4, CacheT> host_loops<4, CacheT>(HostIsa, int, int, Passes);   \
+  template HostLoops<6, CacheT> host_loops<6, CacheT>(HostIsa, int, int, Passes);   \
+  template HostLoops<8, CacheT> host_loops<8, CacheT>(HostIsa, int, int, Passes);   \
+  template HostLoops<16, CacheT> host_loops<16, CacheT>(HostIsa, int, int, Passes);
 KPA_IMPL_INSTANTIATE_HOST_LOOPS(float)
 KPA_IMPL_INSTANTIATE_HOST_LOOPS(half)
 KPA_IMPL_INSTANTIATE_HOST_LOOPS(bfloat16)

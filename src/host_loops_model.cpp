@@ -20,16 +20,17 @@
 namespace kpa::detail {
 
 template <int H, class CacheT>
-void use_model_loops(HostLoops<H, CacheT>& loops, int head_size, int block_size) {
+void use_model_loops(HostLoops<H, CacheT>& loops, int head_size, int block_size, Passes passes) {
 #ifdef KPA_IMPL_X86_LOOPS
   if constexpr (avx512::has_loops<CacheT>) {
     avx512::use_loops(loops, HostIsa::AmxModel, head_size, block_size,
                       &avx2::block_logits<H, CacheT, avx2::Avx512Model>,
                       &avx2::chunk_values<H, CacheT, avx2::Avx512Model>);
   }
-  amx::use_tile_loops<amx::TileModel>(loops, HostIsa::AmxModel, head_size, block_size);
+  if (passes == Passes::Several) amx::use_tile_loops<amx::TileModel>(loops, HostIsa::AmxModel, head_size, block_size);
 #else
   (void)loops;
+  (void)passes;
   (void)head_size;
   (void)block_size;
 #endif
@@ -38,12 +39,12 @@ void use_model_loops(HostLoops<H, CacheT>& loops, int head_size, int block_size)
 static_assert(std::is_same_v<HostRowsPerPass, std::integer_sequence<int, 1, 2, 4, 6, 8, 16>>,
               "instantiate use_model_loops for every value of HostRowsPerPass");
 #define KPA_IMPL_INSTANTIATE_MODEL_LOOPS(CacheT)                               \
-  template void use_model_loops<1, CacheT>(HostLoops<1, CacheT>&, int, int);   \
-  template void use_model_loops<2, CacheT>(HostLoops<2, CacheT>&, int, int);   \
-  template void use_model_loops<4, CacheT>(HostLoops<4, CacheT>&, int, int);   \
-  template void use_model_loops<6, CacheT>(HostLoops<6, CacheT>&, int, int);   \
-  template void use_model_loops<8, CacheT>(HostLoops<8, CacheT>&, int, int);   \
-  template void use_model_loops<16, CacheT>(HostLoops<16, CacheT>&, int, int);
+  template void use_model_loops<1, CacheT>(HostLoops<1, CacheT>&, int, int, Passes);   \
+  template void use_model_loops<2, CacheT>(HostLoops<2, CacheT>&, int, int, Passes);   \
+  template void use_model_loops<4, CacheT>(HostLoops<4, CacheT>&, int, int, Passes);   \
+  template void use_model_loops<6, CacheT>(HostLoops<6, CacheT>&, int, int, Passes);   \
+  template void use_model_loops<8, CacheT>(HostLoops<8, CacheT>&, int, int, Passes);   \
+  template void use_model_loops<16, CacheT>(HostLoops<16, CacheT>&, int, int, Passes);
 KPA_IMPL_INSTANTIATE_MODEL_LOOPS(float)
 KPA_IMPL_INSTANTIATE_MODEL_LOOPS(half)
 KPA_IMPL_INSTANTIATE_MODEL_LOOPS(bfloat16)

@@ -22,6 +22,7 @@
 namespace {
 
 using kpa::HostIsa;
+using kpa::detail::Passes;
 
 std::string name_of(HostIsa isa) { return std::string(kpa::to_string(isa)); }
 
@@ -49,32 +50,46 @@ INSTANTIATE_TEST_SUITE_P(AllInstructionSets, HostLoops,
                            return name;
                          });
 
-// The table runs the set asked for wherever that set has the loop: a test of one set never
-// measures another.
 bool tiles(HostIsa isa) { return isa == HostIsa::Amx || isa == HostIsa::AmxModel; }
 
+/// The loop tables a set has: the tile sets one for tiles of one pass and one for the passes of
+/// tiles of several (Passes); the others one for both.
+std::vector<Passes> tables(HostIsa isa) {
+  return tiles(isa) ? std::vector<Passes>{Passes::One, Passes::Several} : std::vector<Passes>{Passes::One};
+}
+
+/// Whether the loops are the tile products (AMX, or its model).
+bool on_tiles(HostIsa isa, Passes passes) { return tiles(isa) && passes == Passes::Several; }
+
+// The table runs the set asked for wherever that set has the loop: a test of one set never
+// measures another.
 TEST_P(HostLoops, SelectsTheSetAskedFor) {
+  using kpa::detail::host_loops;
   const HostIsa vector = kpa::detail::vector_isa(isa());  // the tile sets' own vector set
   // VBMI serves fp8 only; the model of Amx runs its 16-lane loops on AVX2 registers.
   const HostIsa want =
       isa() == HostIsa::AmxModel ? HostIsa::AmxModel : (vector == HostIsa::Avx512Vbmi ? HostIsa::Avx512 : vector);
-  EXPECT_EQ((kpa::detail::host_loops<4, kpa::half>(isa(), 128, 16).isa), want);  // tiles: bf16 and fp8
-  EXPECT_EQ((kpa::detail::host_loops<4, kpa::fp8_e4m3>(isa(), 128, 16).isa), isa());
-  const HostIsa f32 = vector > HostIsa::Avx2 ? HostIsa::Avx2 : vector;  // f32 caches: at most AVX2
-  EXPECT_EQ((kpa::detail::host_loops<1, float>(isa(), 64, 16).isa), f32);
-  const auto bf16 = kpa::detail::host_loops<16, kpa::bfloat16>(isa(), 128, 32);
-  EXPECT_EQ(bf16.isa, tiles(isa()) ? isa() : want);
-  EXPECT_EQ(bf16.prepare_query != nullptr, tiles(isa()));
-  // Sizes the tiles do not take (head sizes not a multiple of 32, blocks not of 16): vector loops.
-  const auto odd = kpa::detail::host_loops<16, kpa::bfloat16>(isa(), 80, 12);
-  EXPECT_EQ(odd.isa, want);
-  EXPECT_EQ(odd.prepare_query, nullptr);
-  // p.V of blocks of 12 runs on 8 lanes in every x86 set; of 16, on 16 where the set has them.
-  const auto avx2 = kpa::detail::host_loops<4, kpa::half>(HostIsa::Avx2, 64, 16);
-  EXPECT_EQ((kpa::detail::host_loops<4, kpa::half>(isa(), 64, 12).chunk_values == avx2.chunk_values),
-            vector >= HostIsa::Avx2);
-  EXPECT_EQ((kpa::detail::host_loops<4, kpa::half>(isa(), 64, 16).chunk_values == avx2.chunk_values),
-            want == HostIsa::Avx2);
+  const HostIsa fp8 = isa() == HostIsa::Amx ? HostIsa::Avx512Vbmi : isa();  // fp8, tiles of one pass
+  for (Passes passes : tables(isa())) {
+    const bool tile = on_tiles(isa(), passes);
+    EXPECT_EQ((host_loops<4, kpa::half>(isa(), 128, 16, passes).isa), want);  // tiles: bf16 and fp8
+    EXPECT_EQ((host_loops<4, kpa::fp8_e4m3>(isa(), 128, 16, passes).isa), tile ? isa() : fp8);
+    const HostIsa f32 = vector > HostIsa::Avx2 ? HostIsa::Avx2 : vector;  // f32 caches: at most AVX2
+    EXPECT_EQ((host_loops<1, float>(isa(), 64, 16, passes).isa), f32);
+    const auto bf16 = host_loops<16, kpa::bfloat16>(isa(), 128, 32, passes);
+    EXPECT_EQ(bf16.isa, tile ? isa() : want);
+    EXPECT_EQ(bf16.prepare_query != nullptr, tile);
+    // Sizes the tiles do not take (head sizes not a multiple of 32, blocks not of 16): vector loops.
+    const auto odd = host_loops<16, kpa::bfloat16>(isa(), 80, 12, passes);
+    EXPECT_EQ(odd.isa, want);
+    EXPECT_EQ(odd.prepare_query, nullptr);
+    // p.V of blocks of 12 runs on 8 lanes in every x86 set; of 16, on 16 where the set has them.
+    const auto avx2 = host_loops<4, kpa::half>(HostIsa::Avx2, 64, 16, Passes::One);
+    EXPECT_EQ((host_loops<4, kpa::half>(isa(), 64, 12, passes).chunk_values == avx2.chunk_values),
+              vector >= HostIsa::Avx2);
+    EXPECT_EQ((host_loops<4, kpa::half>(isa(), 64, 16, passes).chunk_values == avx2.chunk_values),
+              want == HostIsa::Avx2);
+  }
 }
 
 /// Runs the set's q.k on `args`, preparing the query first where the set has that step: there
@@ -218,10 +233,10 @@ struct Block {
 };
 
 template <int H, class S>
-void check_block_logits(HostIsa isa, int block_size, int head_size) {
+void check_block_logits(HostIsa isa, Passes passes, int block_size, int head_size) {
   std::mt19937 rng(block_size * 131 + head_size * 7 + H);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  const auto kernels = kpa::detail::host_loops<H, S>(isa, head_size, block_size);
+  const auto kernels = kpa::detail::host_loops<H, S>(isa, head_size, block_size, passes);
   for (int slots : {block_size, block_size - 1, 1}) {
     if (slots < 1) continue;
     const Block<S> block(block_size, head_size, slots, rng);
@@ -244,10 +259,10 @@ void check_block_logits(HostIsa isa, int block_size, int head_size) {
 
 /// Three blocks, the middle one skipped (id -1), the last holding `last` slots.
 template <int H, class S>
-void check_chunk_values(HostIsa isa, int block_size, int head_size, int last) {
+void check_chunk_values(HostIsa isa, Passes passes, int block_size, int head_size, int last) {
   std::mt19937 rng(block_size * 17 + head_size + H + last * 5);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
-  const auto kernels = kpa::detail::host_loops<H, S>(isa, head_size, block_size);
+  const auto kernels = kpa::detail::host_loops<H, S>(isa, head_size, block_size, passes);
   const int blocks = 3;
   std::vector<Block<S>> cache;
   for (int b = 0; b < blocks; ++b) cache.emplace_back(block_size, head_size, b + 1 == blocks ? last : block_size, rng);
@@ -287,15 +302,16 @@ void check_chunk_values(HostIsa isa, int block_size, int head_size, int last) {
 
 template <int H, class S>
 void check_shapes(HostIsa isa, const std::vector<int>& head_sizes) {
-  for (int block_size : {1, 3, 8, 12, 16, 32, 64, 128})
-    for (int head_size : head_sizes) {
-      check_block_logits<H, S>(isa, block_size, head_size);
-      // The last block full, one short (a masked tail after whole vectors), one slot, and half
-      // full plus one (a masked vector in the middle of the block row).
-      for (int last : {block_size, block_size - 1, 1, block_size / 2 + 1}) {
-        if (last >= 1 && last <= block_size) check_chunk_values<H, S>(isa, block_size, head_size, last);
+  for (Passes passes : tables(isa))
+    for (int block_size : {1, 3, 8, 12, 16, 32, 64, 128})
+      for (int head_size : head_sizes) {
+        check_block_logits<H, S>(isa, passes, block_size, head_size);
+        // The last block full, one short (a masked tail after whole vectors), one slot, and half
+        // full plus one (a masked vector in the middle of the block row).
+        for (int last : {block_size, block_size - 1, 1, block_size / 2 + 1}) {
+          if (last >= 1 && last <= block_size) check_chunk_values<H, S>(isa, passes, block_size, head_size, last);
+        }
       }
-    }
 }
 
 TEST_P(HostLoops, F32Caches) {
@@ -334,8 +350,8 @@ void check_packed_blocks_reuse(HostIsa isa) {
   constexpr int H = 8, B = 32, D = 64;
   std::mt19937 rng(99);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
-  const auto first_call = kpa::detail::host_loops<H, S>(isa, D, B);
-  const auto second_call = kpa::detail::host_loops<H, S>(isa, D, B);
+  const auto first_call = kpa::detail::host_loops<H, S>(isa, D, B, Passes::Several);
+  const auto second_call = kpa::detail::host_loops<H, S>(isa, D, B, Passes::Several);
   ASSERT_NE(first_call.call, second_call.call);
   Block<S> block(B, D, B, rng);
   std::vector<S> keys = block.keys, values = block.values;  // the memory the loops read
@@ -389,6 +405,42 @@ void check_packed_blocks_reuse(HostIsa isa) {
 TEST_P(HostLoops, PassesOfATileShareOnlyTheirOwnPackedBlocks) {
   check_packed_blocks_reuse<kpa::bfloat16>(isa());
   check_packed_blocks_reuse<kpa::fp8_e4m3>(isa());
+}
+
+// Where the output is 16-bit, a set may keep 16 significant bits of each probability
+// (ChunkValuesArgs::exact_probabilities false): each output within 2^-17 of its sum of |p v|, far
+// inside a 16-bit output's rounding, and never fewer bits.
+template <class S>
+void check_probabilities_of_16_bit_outputs(HostIsa isa) {
+  constexpr int H = 4, B = 64, D = 64;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  const auto loops = kpa::detail::host_loops<H, S>(isa, D, B, Passes::Several);
+  const Block<S> block(B, D, B, rng);
+  std::vector<float> probs(static_cast<std::size_t>(H) * B), o(static_cast<std::size_t>(H) * D, 0.0f);
+  for (float& v : probs) v = uniform(rng);
+  const int id = 0;
+  kpa::detail::ChunkValuesArgs<S> args{block.values.data(), static_cast<std::int64_t>(B) * D, &id, 1, B, B, D,
+                                       probs.data(), B, o.data()};
+  args.exact_probabilities = false;
+  kpa::detail::BlockPrefetcher idle;
+  loops.chunk_values(args, idle, 0, D);
+  for (int g = 0; g < H; ++g) {
+    for (int d = 0; d < D; ++d) {
+      double expected = 0.0, magnitude = 0.0;
+      for (int slot = 0; slot < B; ++slot) {
+        expected += probs[g * B + slot] * block.value[slot * D + d];
+        magnitude += std::fabs(probs[g * B + slot] * block.value[slot * D + d]);
+      }
+      EXPECT_NEAR(o[g * D + d], expected, 0x1p-17 * magnitude + 2e-5 * (1 + std::fabs(expected)))
+          << name_of(isa) << " row " << g << " d " << d;
+    }
+  }
+}
+
+TEST_P(HostLoops, ProbabilitiesOf16BitOutputsKeepSixteenBits) {
+  check_probabilities_of_16_bit_outputs<kpa::bfloat16>(isa());
+  check_probabilities_of_16_bit_outputs<kpa::fp8_e5m2>(isa());
 }
 
 // The query and output row conversions of every instruction set against the scalar ones, bit
@@ -457,11 +509,12 @@ TEST_P(HostLoops, RowConversionsMatchTheScalarOnes) {
 // Each code widens to its value in the vector loads (NaN codes to NaN), in every lane of the 16
 // that are widened together, for the keys (q.k) and for the values (p.V) alike.
 template <class S>
-void check_codes(HostIsa isa, const std::vector<unsigned>& codes) {
+void check_codes(HostIsa isa, Passes passes, const std::vector<unsigned>& codes) {
   using Bits = decltype(S{}.bits);
   constexpr int kHeadSize = 32, kBlockSize = 16;  // q.k and p.V both on tiles in the tile sets
   constexpr int kX = static_cast<int>(16 / sizeof(S));  // elements of a key vector
-  const auto kernels = kpa::detail::host_loops<1, S>(isa, kHeadSize, kBlockSize);
+  const auto kernels = kpa::detail::host_loops<1, S>(isa, kHeadSize, kBlockSize, passes);
+  const bool tile = on_tiles(isa, passes);
   kpa::detail::BlockPrefetcher idle;
   for (unsigned code : codes) {
     const S coded{static_cast<Bits>(code)};
@@ -469,8 +522,8 @@ void check_codes(HostIsa isa, const std::vector<unsigned>& codes) {
     // the zero parts of the one-hot probabilities and gives NaN (the one-hot query, 1.0, is
     // one part: no zero parts there).
     float expected_logit = kpa::to_float(coded);
-    if (tiles(isa) && std::isless(std::fabs(expected_logit), 0x1p-126f)) expected_logit = 0.0f;
-    const float expected = tiles(isa) && std::isinf(expected_logit) ? kNan : expected_logit;
+    if (tile && std::isless(std::fabs(expected_logit), 0x1p-126f)) expected_logit = 0.0f;
+    const float expected = tile && std::isinf(expected_logit) ? kNan : expected_logit;
     for (int lane = 0; lane < 16; ++lane) {
       const std::string where = name_of(isa) + " code " + std::to_string(code) + " lane " + std::to_string(lane);
       // q.k: blocks of one slot and of 16 (whose key vectors are widened 32 codes at a time),
@@ -570,8 +623,10 @@ TEST(HostPrefetcher, WalksTheListedBlocks) {
 TEST_P(HostLoops, Fp8CodesWidenExactly) {
   std::vector<unsigned> every(256);
   for (unsigned code = 0; code < 256; ++code) every[code] = code;
-  check_codes<kpa::fp8_e4m3>(isa(), every);
-  check_codes<kpa::fp8_e5m2>(isa(), every);
+  for (Passes passes : tables(isa())) {
+    check_codes<kpa::fp8_e4m3>(isa(), passes, every);
+    check_codes<kpa::fp8_e5m2>(isa(), passes, every);
+  }
 }
 
 // bfloat16's special values: signed zeros, subnormals, the largest finite values, infinities,
@@ -579,8 +634,10 @@ TEST_P(HostLoops, Fp8CodesWidenExactly) {
 // FE_INVALID (as f16's conversion instruction does), so that is not trapped here.
 TEST_P(HostLoops, Bf16CodesWidenExactly) {
   const InvalidNotTrapped untrapped;
-  check_codes<kpa::bfloat16>(isa(), {0x0000, 0x8000, 0x0001, 0x807f, 0x3f80, 0xbf81, 0x7f7f, 0xff7f, 0x7f80, 0xff80,
-                                     0x7fc0, 0xffc1, 0x7f81, 0xffa5, 0x7fbf});
+  for (Passes passes : tables(isa())) {
+    check_codes<kpa::bfloat16>(isa(), passes, {0x0000, 0x8000, 0x0001, 0x807f, 0x3f80, 0xbf81, 0x7f7f, 0xff7f, 0x7f80,
+                                               0xff80, 0x7fc0, 0xffc1, 0x7f81, 0xffa5, 0x7fbf});
+  }
 }
 
 }  // namespace

@@ -15,10 +15,11 @@
 // Packing is what costs beside the tile products, so a thread keeps the blocks it packed for the
 // later passes of a tile of several (PackedBlocks: the rows of a prefill chunk read the same
 // blocks pass after pass); a tile of one pass (decode) packs into a buffer it reuses.
-// Precision: q and p are f32; each is split into bf16 parts that sum to it exactly (round to
-// nearest, the remainder rounded again, the last remainder exact): p into three, the query into
-// as many as it needs (one for a bf16 query, two for f16: the scale is applied to the sums, so
-// the query keeps its own precision). bf16 and fp8 cache values are exact in bf16, so every
+// Precision: q and p are f32; each is split into bf16 parts (round to nearest, the remainder
+// rounded again, the last remainder exact): the query into as many as it needs to be exact (one
+// for a bf16 query, two for f16: the scale is applied to the sums, so the query keeps its own
+// precision), p into three, exact, or two where the output is 16-bit (16 significant bits,
+// ChunkValuesArgs::exact_probabilities). bf16 and fp8 cache values are exact in bf16, so every
 // product is exact and the sums are f32 sums, as in the FMA loops, in another order. What
 // differs is the instruction's subnormal rule (inputs and sums below 2^-126 count as zero) and
 // infinities: a cache value of +-inf meets the zero parts of a split operand (the probabilities;
@@ -54,13 +55,14 @@ KPA_IMPL_AVX2_INLINE inline __m256i bf16_rounded(__m256 x) {
 
 KPA_IMPL_AVX2_INLINE inline __m256 bf16_value(__m256i bf16) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16, 16)); }
 
-/// Rows [0, H) of `n` floats (src + g * src_stride) as kParts rows of bf16 codes each: part p
-/// of element i of row g at dst[p * part_stride + g * row_stride + i], the parts summing exactly
-/// to the float; elements [n, n_padded) are zeros (n_padded a multiple of 16). Returns the parts
-/// up to the last one with a nonzero code (at least 1).
+/// Rows [0, H) of `n` floats (src + g * src_stride) as `parts` (1 to kParts) rows of bf16 codes
+/// each: part p of element i of row g at dst[p * part_stride + g * row_stride + i], the parts
+/// summing to the float rounded to 8 x parts significant bits (exactly for kParts); elements
+/// [n, n_padded) are zeros (n_padded a multiple of 16). Returns the parts up to the last one with
+/// a nonzero code (at least 1).
 template <int H>
-KPA_IMPL_AVX2 int split_rows(const float* src, int src_stride, int n, int n_padded, std::uint16_t* dst, int row_stride,
-                             int part_stride) {
+KPA_IMPL_AVX2 int split_rows(const float* src, int src_stride, int n, int n_padded, int parts, std::uint16_t* dst,
+                             int row_stride, int part_stride) {
   __m256i nonzero[kParts] = {};
   for (int g = 0; g < H; ++g) {
     const float* row = src + static_cast<std::int64_t>(g) * src_stride;
@@ -69,7 +71,7 @@ KPA_IMPL_AVX2 int split_rows(const float* src, int src_stride, int n, int n_padd
       __m256 lo = _mm256_and_ps(_mm256_maskload_ps(row + i, mask_lo), _mm256_castsi256_ps(mask_lo));
       __m256 hi = _mm256_and_ps(_mm256_maskload_ps(row + i + 8, mask_hi), _mm256_castsi256_ps(mask_hi));
 #pragma GCC unroll 3
-      for (int p = 0; p < kParts; ++p) {
+      for (int p = 0; p < parts; ++p) {
         const __m256i a = bf16_rounded(lo), b = bf16_rounded(hi);
         // packus keeps each 128-bit half's order: a0-3 b0-3 a4-7 b4-7, then the quarters in place.
         const __m256i codes = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
@@ -80,7 +82,6 @@ KPA_IMPL_AVX2 int split_rows(const float* src, int src_stride, int n, int n_padd
       }
     }
   }
-  int parts = kParts;
   while (parts > 1 && _mm256_testz_si256(nonzero[parts - 1], nonzero[parts - 1])) --parts;
   return parts;
 }
@@ -96,7 +97,7 @@ KPA_IMPL_AVX2 QueryTiles prepare_query(const float* q, int head_size) {
   thread_local std::vector<std::uint32_t> tiles;
   tiles.resize(static_cast<std::size_t>(kParts) * H * head_size / 2);
   auto* codes = reinterpret_cast<std::uint16_t*>(tiles.data());
-  const int parts = split_rows<H>(q, head_size, head_size, head_size, codes, head_size, H * head_size);
+  const int parts = split_rows<H>(q, head_size, head_size, head_size, kParts, codes, head_size, H * head_size);
   return QueryTiles{tiles.data(), parts};
 }
 
@@ -278,16 +279,17 @@ KPA_IMPL_AVX2 void pack_values(const CacheT* block, int block_size, int d0, int 
 }
 
 /// Packed cache blocks a thread keeps for the later passes of a tile of several passes
-/// (TileKey): direct-mapped by the block's address, each entry tagged with the block, its slots
-/// and the part of it packed (the dimension group of values), so a block packed for another
-/// slot count or part is packed again; a new tile or call empties it.
+/// (TileKey): a hash table by the block's address (linear probing), each entry tagged with the
+/// block, its slots and the part of it packed (the dimensions of values), so a block packed for
+/// another slot count or part is packed again. A new tile or call empties it, and so does an
+/// entry past half its capacity (a tile whose blocks do not fit then packs them pass by pass).
 class PackedBlocks {
  public:
   /// The buffer of `words` words for (block, slots, part) and whether it holds them already;
   /// where not, the caller packs them into it.
   std::uint32_t* find(const TileKey& tile, const void* block, int slots, int part, int words, bool& packed) {
+    packed = false;
     if (tile.index < 0) {  // nothing kept: one buffer, packed each time
-      packed = false;
       if (single_.size() < static_cast<std::size_t>(words)) single_.resize(words);
       return single_.data();
     }
@@ -295,21 +297,34 @@ class PackedBlocks {
       call_ = tile.call;
       index_ = tile.index;
       words_ = words;
-      const std::size_t entries = kKeptWords / words > 0 ? kKeptWords / words : 1;
+      const std::size_t entries = kKeptWords / words > 2 ? kKeptWords / words : 2;
       tags_.assign(entries, Tag{});
       data_.resize(entries * static_cast<std::size_t>(words));
+      used_ = 0;
     }
     const std::uintptr_t address = reinterpret_cast<std::uintptr_t>(block) / 64 + static_cast<std::uintptr_t>(part);
-    const std::size_t entry = static_cast<std::size_t>((address * 0x9E3779B97F4A7C15ull) >> 32) % tags_.size();
-    Tag& tag = tags_[entry];
-    packed = tag.block == block && tag.slots == slots && tag.part == part;
-    tag = Tag{block, slots, part};
+    std::size_t entry = static_cast<std::size_t>((address * 0x9E3779B97F4A7C15ull) >> 32) % tags_.size();
+    for (; tags_[entry].block != nullptr; entry = (entry + 1) % tags_.size()) {
+      const Tag& tag = tags_[entry];
+      if (tag.block == block && tag.slots == slots && tag.part == part) {
+        packed = true;
+        return data_.data() + entry * static_cast<std::size_t>(words);
+      }
+    }
+    if (2 * (used_ + 1) > tags_.size()) {  // full enough that probes grow long: start again
+      tags_.assign(tags_.size(), Tag{});
+      used_ = 0;
+      return find(tile, block, slots, part, words, packed);
+    }
+    ++used_;
+    tags_[entry] = Tag{block, slots, part};
     return data_.data() + entry * static_cast<std::size_t>(words);
   }
 
  private:
-  /// Words kept per thread and kind (keys, values): a 2,048-token tile of head size 128 whole.
-  static constexpr std::size_t kKeptWords = std::size_t{1} << 19;
+  /// Words kept per thread and kind (keys, values): a 2,048-token tile of head size 128 whole,
+  /// at half the capacity.
+  static constexpr std::size_t kKeptWords = std::size_t{1} << 20;
   struct Tag {
     const void* block = nullptr;
     int slots = -1;
@@ -318,6 +333,7 @@ class PackedBlocks {
   std::uint64_t call_ = 0;
   int index_ = -1;
   int words_ = 0;
+  std::size_t used_ = 0;
   std::vector<Tag> tags_;
   std::vector<std::uint32_t> data_;
   std::vector<std::uint32_t> single_;
@@ -332,8 +348,50 @@ inline PackedBlocks& packed_values() {
   return blocks;
 }
 
-/// Tile numbers: the accumulator, the query or probability operand, the cache operand.
-inline constexpr int kC = 0, kA = 1, kB = 2;
+/// Tile numbers: kGroups accumulators (C: 16 slots of logits, or 16 dimensions of o, each), the
+/// query or the kParts probability parts (A), the cache operand (B).
+inline constexpr int kGroups = 4, kA = 4, kB = 7;
+
+/// For each accumulator j < groups (of kGroups): zero it, store it (row g to c + (j * H + g) * 16),
+/// or add to it the products of the first `parts` A tiles with B, B loaded from b(j) first.
+template <class Tiles>
+struct Accumulators {
+  template <int J = 0>
+  KPA_IMPL_AVX2_INLINE static void zero(int groups) {
+    if constexpr (J < kGroups) {
+      if (J < groups) Tiles::template zero<J>();
+      zero<J + 1>(groups);
+    }
+  }
+  template <int H, int J = 0>
+  KPA_IMPL_AVX2_INLINE static void store(int groups, float* c) {
+    if constexpr (J < kGroups) {
+      if (J < groups) Tiles::template store<J>(c + J * H * 16, 64);
+      store<H, J + 1>(groups, c);
+    }
+  }
+  template <int J = 0, class BAt>
+  KPA_IMPL_AVX2_INLINE static void dot(int groups, int parts, const BAt& b) {
+    static_assert(kParts == 3 && kA + kParts == kB, "a tile per part");
+    if constexpr (J < kGroups) {
+      if (J < groups) {
+        Tiles::template load<kB>(b(J), 64);
+        Tiles::template dot_bf16<J, kA, kB>();
+        if (parts > 1) Tiles::template dot_bf16<J, kA + 1, kB>();
+        if (parts > 2) Tiles::template dot_bf16<J, kA + 2, kB>();
+      }
+      dot<J + 1>(groups, parts, b);
+    }
+  }
+};
+
+/// Loads the first `parts` A tiles, row g of part p from a + p * part_codes + g * row_codes.
+template <class Tiles>
+KPA_IMPL_AVX2_INLINE inline void load_parts(const std::uint16_t* a, int parts, int part_codes, int row_codes) {
+  Tiles::template load<kA>(a, 2 * row_codes);
+  if (parts > 1) Tiles::template load<kA + 1>(a + part_codes, 2 * row_codes);
+  if (parts > 2) Tiles::template load<kA + 2>(a + 2 * part_codes, 2 * row_codes);
+}
 
 /// Row g of a C tile (16 floats), in slot order where it came from pack_keys' columns, times
 /// `scale`, into dst[0, n).
@@ -347,32 +405,35 @@ KPA_IMPL_AVX2_INLINE inline void copy_logits(const float* c_row, float scale, fl
 }
 
 /// q.k of a block, for head sizes that are multiples of 32 up to kMaxHeadSize: a.q_tiles holds
-/// the query as prepare_query left it, a.scale multiplies the sums.
+/// the query as prepare_query left it, a.scale multiplies the sums. Up to kGroups groups of 16
+/// slots at a time, so each load of the query serves all of them.
 template <int H, class CacheT, class Tiles>
 KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
   static_assert(H <= 16, "a tile's 16 rows hold the rows of a pass");
-  const int D = a.head_size, steps = D / 32, part_codes = H * D;
+  const int D = a.head_size, steps = D / 32, parts = a.q_tiles.parts;
   bool packed = false;
   std::uint32_t* keys = packed_keys().find(a.tile, a.key_block, a.slots, 0, packed_key_words(a.block_size, D), packed);
   if (!packed) pack_keys(a.key_block, a.block_size, D, a.slots, keys);
   TileConfig config;
-  config.set(kC, H, 64);
-  config.set(kA, H, 64);
+  for (int j = 0; j < kGroups; ++j) config.set(j, H, 64);
+  for (int p = 0; p < parts; ++p) config.set(kA + p, H, 64);
   config.set(kB, 16, 64);
-  alignas(64) float sums[H][16];
+  alignas(64) float sums[kGroups][H][16];
   const auto* query = reinterpret_cast<const std::uint16_t*>(a.q_tiles.words);
   Tiles::configure(config);
-  for (int slot0 = 0; slot0 < a.slots; slot0 += 16) {
-    Tiles::template zero<kC>();
+  for (int slot0 = 0; slot0 < a.slots; slot0 += 16 * kGroups) {
+    const int left = (a.slots - slot0 + 15) / 16, groups = left < kGroups ? left : kGroups;
+    Accumulators<Tiles>::zero(groups);
     for (int step = 0; step < steps; ++step) {
-      Tiles::template load<kB>(keys + (slot0 / 16 * steps + step) * 256, 64);
-      for (int p = 0; p < a.q_tiles.parts; ++p) {
-        Tiles::template load<kA>(query + p * part_codes + step * 32, 2 * D);
-        Tiles::template dot_bf16<kC, kA, kB>();
+      load_parts<Tiles>(query + step * 32, parts, H * D, D);
+      Accumulators<Tiles>::dot(groups, parts, [&](int j) { return keys + ((slot0 / 16 + j) * steps + step) * 256; });
+    }
+    Accumulators<Tiles>::template store<H>(groups, &sums[0][0][0]);
+    for (int j = 0; j < groups; ++j) {
+      for (int g = 0; g < H; ++g) {
+        copy_logits(sums[j][g], a.scale, a.logits + g * a.logits_stride + slot0 + 16 * j, a.slots - slot0 - 16 * j);
       }
     }
-    Tiles::template store<kC>(sums, 64);
-    for (int g = 0; g < H; ++g) copy_logits(sums[g], a.scale, a.logits + g * a.logits_stride + slot0, a.slots - slot0);
   }
   Tiles::release();
   // A tile of several passes reads the cache once, as it packs; later passes read what it packed.
@@ -386,50 +447,55 @@ inline std::vector<std::uint16_t>& probability_tiles() {
   return tiles;
 }
 
-/// p.V of a chunk for output dimensions [d_begin, d_end), block sizes that are multiples of 16;
-/// a last range of fewer than 16 dimensions runs the AVX2 loop.
+/// p.V of a chunk for output dimensions [d_begin, d_end), block sizes that are multiples of 16:
+/// up to kGroups groups of 16 dimensions at a time, so each load of the probabilities serves all
+/// of them; a last range of fewer than 16 dimensions runs the AVX2 loop.
 template <int H, class CacheT, class Tiles>
 KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin, int d_end) {
   static_assert(H <= 16, "a tile's 16 rows hold the rows of a pass");
-  const int B = a.block_size, KS = value_step(B);
+  const int B = a.block_size, KS = value_step(B), group_words = packed_value_words(B);
   const int row_codes = a.blocks * B, part_codes = H * row_codes;
   std::vector<std::uint16_t>& probs = probability_tiles();
   probs.resize(static_cast<std::size_t>(kParts) * part_codes);
   // Every part, even where the chunk's probabilities need fewer: which results an infinite value
   // turns into NaN (amx.hpp's header) does not depend on the other probabilities.
-  split_rows<H>(a.probs, a.probs_stride, (a.blocks - 1) * B + a.last_block_slots, row_codes, probs.data(), row_codes,
-                part_codes);
+  const int parts = a.exact_probabilities ? kParts : 2;
+  split_rows<H>(a.probs, a.probs_stride, (a.blocks - 1) * B + a.last_block_slots, row_codes, parts, probs.data(),
+                row_codes, part_codes);
   TileConfig config;
-  config.set(kC, H, 64);
-  config.set(kA, H, 2 * KS);
+  for (int j = 0; j < kGroups; ++j) config.set(j, H, 64);
+  for (int p = 0; p < parts; ++p) config.set(kA + p, H, 2 * KS);
   config.set(kB, KS / 2, 64);
-  alignas(64) float sums[H][16];
+  alignas(64) float sums[kGroups][H][16];
   PackedBlocks& kept = packed_values();
   Tiles::configure(config);
   int d0 = d_begin;
-  for (; d0 + 16 <= d_end; d0 += 16) {
-    Tiles::template zero<kC>();
+  while (d0 + 16 <= d_end) {
+    const int left = (d_end - d0) / 16, groups = left < kGroups ? left : kGroups;
+    Accumulators<Tiles>::zero(groups);
     for (int lb = 0; lb < a.blocks; ++lb) {
       if (a.block_ids[lb] < 0) continue;  // attended by no row of the pass: never read
       const int slots = lb + 1 == a.blocks ? a.last_block_slots : B;
       const CacheT* block = a.value_head + a.block_ids[lb] * a.block_stride;
       bool packed = false;
-      std::uint32_t* values = kept.find(a.tile, block, slots, d0, packed_value_words(B), packed);
-      if (!packed) pack_values(block, B, d0, slots, values);
+      std::uint32_t* values = kept.find(a.tile, block, slots, d0, kGroups * group_words, packed);
+      if (!packed) {
+        for (int j = 0; j < groups; ++j) pack_values(block, B, d0 + 16 * j, slots, values + j * group_words);
+      }
       for (int step = 0; step * KS < slots; ++step) {
-        Tiles::template load<kB>(values + step * KS * 8, 64);
-        for (int p = 0; p < kParts; ++p) {
-          Tiles::template load<kA>(probs.data() + p * part_codes + lb * B + step * KS, 2 * row_codes);
-          Tiles::template dot_bf16<kC, kA, kB>();
-        }
+        load_parts<Tiles>(probs.data() + lb * B + step * KS, parts, part_codes, row_codes);
+        Accumulators<Tiles>::dot(groups, parts, [&](int j) { return values + j * group_words + step * KS * 8; });
       }
     }
-    Tiles::template store<kC>(sums, 64);
-    for (int g = 0; g < H; ++g) {
-      float* o = a.o + g * a.head_size + d0;
-      _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_load_ps(sums[g])));
-      _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), _mm256_load_ps(sums[g] + 8)));
+    Accumulators<Tiles>::template store<H>(groups, &sums[0][0][0]);
+    for (int j = 0; j < groups; ++j) {
+      for (int g = 0; g < H; ++g) {
+        float* o = a.o + g * a.head_size + d0 + 16 * j;
+        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_load_ps(sums[j][g])));
+        _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), _mm256_load_ps(sums[j][g] + 8)));
+      }
     }
+    d0 += 16 * groups;
   }
   Tiles::release();
   if (d0 < d_end) {

@@ -3,13 +3,14 @@
 // (chunk_values), for 16- and 8-bit caches: x86_tiles.inc's register tiles over the 16-lane
 // mappings below (32 zmm registers; two slots x 8 dimensions per key register for 16-bit caches,
 // the query's 8 dimensions broadcast to both halves, one slot x 16 dimensions for fp8).
-// host_loops.cpp pairs them with the AVX2 row loops and keeps the AVX2 set for f32 caches and,
-// for p.V, block sizes other than 16, 32, 64 and 128.
+// host_loops.cpp pairs them with the AVX2 row loops but the softmax (row_softmax, here) and keeps
+// the AVX2 set for f32 caches and, for p.V, block sizes other than 16, 32, 64 and 128.
 // A tile's accumulators are reduced by a transposing tree, 8 registers into one register of sums
 // in order (reduce_halves, reduce_all). Avx512 widens fp8 codes through binary16 (64 at a time
 // where four registers' codes are adjacent, else 32); Avx512Vbmi (HostIsa::Avx512Vbmi) widens
 // groups of 64 through byte lookups straight to floats.
 
+#include "avx2.hpp"
 #include "x86_simd.hpp"
 
 // GCC 12's AVX-512 intrinsics start their results from `__m512 __Y = __Y;`, which
@@ -274,6 +275,63 @@ KPA_IMPL_AVX512_INLINE inline void add_scaled_span(const float* src, float scale
 }
 
 // ---- The 16-lane mappings of the register tiles (x86_tiles.inc) ----
+
+/// x86::exp8 on 16 lanes: the same polynomial, so the same value in every lane.
+KPA_IMPL_AVX512_INLINE inline __m512 exp16(__m512 x) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
+  const __mmask16 huge = _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.3762626647949f), _CMP_GT_OQ);
+  const __m512 r0 = _mm512_maskz_mov_ps(static_cast<__mmask16>(~(nan | tiny | huge)), x);  // no conversion of NaN or inf
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(r0, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), r0);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  __m512 result = _mm512_maskz_mul_ps(static_cast<__mmask16>(~tiny), y, _mm512_castsi512_ps(exponent));
+  result = _mm512_mask_mov_ps(result, huge, _mm512_set1_ps(__builtin_inff()));
+  return _mm512_mask_mov_ps(result, nan, x);
+}
+
+/// avx2::row_softmax on 16 lanes (RowLoops::softmax).
+KPA_IMPL_AVX512 inline float row_softmax(float* p, int n, float floor, float* max) {
+  __m512 m = _mm512_set1_ps(floor);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 lanes = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(floor), lanes, p + i);
+    m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ), v);  // NaN ignored, no FE_INVALID
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, m);
+  float row_max = floor;
+  for (float lane : lanes) row_max = kpa::detail::max_ignoring_nan(row_max, lane);
+  *max = row_max;
+  if (row_max == -__builtin_inff()) return avx2::row_softmax(p, n, floor, max);  // nothing attended
+  const __m512 mv = _mm512_set1_ps(row_max);
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 e0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(p + i), mv));
+    const __m512 e1 = exp16(_mm512_sub_ps(_mm512_loadu_ps(p + i + 16), mv));
+    _mm512_storeu_ps(p + i, e0);
+    _mm512_storeu_ps(p + i + 16, e1);
+    s0 = _mm512_add_ps(s0, e0);
+    s1 = _mm512_add_ps(s1, e1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 lanes = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, p + i), mv));
+    _mm512_mask_storeu_ps(p + i, lanes, e);
+    s0 = _mm512_add_ps(s0, _mm512_maskz_mov_ps(lanes, e));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
 
 /// AVX-512's mapping: 32 zmm registers of 16 floats; fp8 codes widened through binary16, four
 /// registers at a time where there are four, else two.

@@ -7,8 +7,9 @@
 namespace kpa::detail {
 
 /// In `loops` (the AVX2 set's), the AMX level's loops over software models where the sizes suit
-/// them: its 16-lane tiles over avx2::Avx512Model, its tile products over amx::TileModel.
+/// them: its 16-lane tiles over avx2::Avx512Model, and for passes of Several its tile products
+/// over amx::TileModel.
 template <int H, class CacheT>
-void use_model_loops(HostLoops<H, CacheT>& loops, int head_size, int block_size);
+void use_model_loops(HostLoops<H, CacheT>& loops, int head_size, int block_size, Passes passes);
 
 }  // namespace kpa::detail

@@ -64,8 +64,8 @@ struct PartitionKernel {
   static_assert(std::is_void_v<decltype(std::declval<const Path&>().load_span(
                     std::declval<const T*>(), std::size_t{}, 0.0f, std::declval<float*>(), 0))>,
                 "Path::load_span(src, stride, scale, dst, n)");
-  static_assert(std::is_same_v<decltype(std::declval<const Path&>().query_factor(0.0f)), float>,
-                "Path::query_factor(scale)");
+  static_assert(std::is_same_v<decltype(std::declval<const Path&>().query_factor(0.0f, false)), float>,
+                "Path::query_factor(scale, of_several_passes)");
   static_assert(std::is_void_v<decltype(std::declval<const Path&>().store_span(
                     std::declval<const float*>(), 0.0f, std::declval<T*>(), std::size_t{}, 0))>,
                 "Path::store_span(src, factor, dst, stride, n)");
@@ -153,7 +153,7 @@ struct PartitionKernel {
 
   KOKKOS_INLINE_FUNCTION void run_pass(const member_type& member, const TileScratch& scratch, const Pass& pass,
                                        int tile_of_passes) const {
-    load_query(member, scratch, pass);
+    load_query(member, scratch, pass, tile_of_passes >= 0);
     SoftmaxStates<H> running;  // identical in every worker of the team
     path.attend(member, context(scratch, pass, tile_of_passes), running);
     store(member, scratch, pass, running);
@@ -180,6 +180,7 @@ struct PartitionKernel {
     c.variant = variant;
     c.scratch = scratch;
     c.tile = tile;
+    c.exact_probabilities = std::is_same_v<T, float>;
     return c;
   }
 
@@ -194,15 +195,16 @@ struct PartitionKernel {
     return pass.seq_len - pass.query_len + (pass.first_row + r) / params.group_size;
   }
 
-  /// q = query * Path::query_factor(scale) (zeros for padding rows) and o = 0 in scratch.
-  KOKKOS_INLINE_FUNCTION void load_query(const member_type& member, const TileScratch& s, const Pass& pass) const {
+  /// q = query * Path::query_factor(scale, ...) (zeros for padding rows) and o = 0 in scratch.
+  KOKKOS_INLINE_FUNCTION void load_query(const member_type& member, const TileScratch& s, const Pass& pass,
+                                         bool of_several_passes) const {
     const int D = params.head_size;
     Path::for_row_spans(member, H, D, [&](int r, int d0, int d1) {
       for (int d = d0; d < d1; ++d) s.o[r * D + d] = 0.0f;
       // A span's elements are consecutive in every path's query layout.
       if (r < pass.rows) {
         path.load_span(&views.query(row_token(pass, r), row_head(pass, r), d0), views.query.stride(2),
-                       path.query_factor(params.scale), s.q + Path::query_index(r, d0, D), d1 - d0);
+                       path.query_factor(params.scale, of_several_passes), s.q + Path::query_index(r, d0, D), d1 - d0);
       } else {
         for (int d = d0; d < d1; ++d) s.q[Path::query_index(r, d, D)] = 0.0f;
       }

@@ -50,7 +50,7 @@ struct DeviceRowIO {
   }
 
   /// The factor the query is loaded with: the scale (q.k reads the scaled query).
-  KOKKOS_INLINE_FUNCTION static float query_factor(float scale) { return scale; }
+  KOKKOS_INLINE_FUNCTION static float query_factor(float scale, bool /*of_several_passes*/) { return scale; }
 
   /// load_scaled / store_scaled (numeric_types.hpp), one element per call here.
   template <class T>

@@ -173,6 +173,10 @@ struct ChunkValuesArgs {
   int probs_stride;
   float* o;                  ///< [H][head_size] running output, already rescaled for this chunk
   TileKey tile{};
+  /// false where the output is 16-bit: a set that splits the probabilities into bf16 parts may
+  /// keep 16 significant bits of each (a relative error of at most 2^-17, far below the output's
+  /// own rounding) instead of all 24.
+  bool exact_probabilities = true;
 };
 
 /// The instruction-set parts of the row-wise logit rules and of the softmax (AttentionVariant
@@ -212,11 +216,17 @@ struct RowConversions {
   void (*store)(const float* src, float factor, T* dst, int n);
 };
 
+/// Which passes loops serve: those of tiles of one pass (decode rows), or of tiles of several
+/// (the rows of a prefill chunk, which read the same blocks pass after pass). The AMX set's tile
+/// loops pack cache blocks into tile operands, which pays only where later passes reuse them:
+/// it serves passes of Several, and its vector set passes of One.
+enum class Passes { One, Several };
+
 /// The best loops of at most `isa` for passes of H rows over caches of CacheT with this head
 /// and block size (a set whose tiles do not fit the sizes yields to a lesser one for that loop).
 /// Defined in libkpa for every H of HostRowsPerPass and every cache storage type.
 template <int H, class CacheT>
-HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size);
+HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size, Passes passes);
 
 /// The row loops of at most `isa`.
 RowLoops host_row_loops(HostIsa isa);

@@ -36,9 +36,12 @@ struct HostPath {
   /// Blocks of the next chunk a member's BlockPrefetcher lists (at most).
   static constexpr int kPrefetchBlocks = 64;
 
-  HostLoops<H, CacheT> loops;  ///< chosen once per call
+  HostLoops<H, CacheT> one_pass;        ///< chosen once per call, for tiles of one pass
+  HostLoops<H, CacheT> several_passes;  ///< and for the passes of tiles of several
 
-  HostPath(HostIsa isa, int head_size, int block_size) : loops(host_loops<H, CacheT>(isa, head_size, block_size)) {}
+  HostPath(HostIsa isa, int head_size, int block_size)
+      : one_pass(host_loops<H, CacheT>(isa, head_size, block_size, Passes::One)),
+        several_passes(host_loops<H, CacheT>(isa, head_size, block_size, Passes::Several)) {}
 
   /// Calls f(r, d_begin, d_end) so that the team covers dimensions [0, D) of rows [0, rows) once:
   /// members take whole rows, so per-row work is done once and the inner loops are contiguous.
@@ -47,10 +50,11 @@ struct HostPath {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, rows), [&](int r) { f(r, 0, D); });
   }
 
-  /// The factor the query is loaded with: the scale, or 1 where the loops' q.k applies it to the
-  /// sums (HostLoops::prepare_query), so that a bf16 or f16 query stays exact.
-  KOKKOS_INLINE_FUNCTION float query_factor(float scale) const {
-    return loops.prepare_query != nullptr ? 1.0f : scale;
+  /// The factor the query of a pass (of a tile of several passes or not) is loaded with: the
+  /// scale, or 1 where the loops' q.k applies it to the sums (HostLoops::prepare_query), so that
+  /// a bf16 or f16 query stays exact.
+  KOKKOS_INLINE_FUNCTION float query_factor(float scale, bool of_several) const {
+    return (of_several ? several_passes : one_pass).prepare_query != nullptr ? 1.0f : scale;
   }
 
   /// load_scaled / store_scaled (numeric_types.hpp): contiguous rows through the instruction
@@ -59,7 +63,7 @@ struct HostPath {
   template <class T>
   KOKKOS_INLINE_FUNCTION void load_span(const T* src, std::size_t stride, float scale, float* dst, int n) const {
     if (stride == 1) {
-      host_row_conversions<T>(loops.isa).load(src, scale, dst, n);
+      host_row_conversions<T>(one_pass.isa).load(src, scale, dst, n);
     } else {
       load_scaled(src, stride, scale, dst, n);
     }
@@ -68,7 +72,7 @@ struct HostPath {
   template <class T>
   KOKKOS_INLINE_FUNCTION void store_span(const float* src, float factor, T* dst, std::size_t stride, int n) const {
     if (stride == 1) {
-      host_row_conversions<T>(loops.isa).store(src, factor, dst, n);
+      host_row_conversions<T>(one_pass.isa).store(src, factor, dst, n);
     } else {
       store_scaled(src, factor, dst, stride, n);
     }
@@ -101,6 +105,7 @@ struct HostPath {
     const int B = c.block_size, CT = c.chunk_tokens, D = c.head_size;
     const int block_bytes = B * D * static_cast<int>(sizeof(CacheT));
     const int members = member.team_size();
+    const HostLoops<H, CacheT>& loops = c.tile >= 0 ? several_passes : one_pass;
     int prefetch_ids[kPrefetchBlocks];  // this member's share of the next chunk's blocks
     // The query in the form the loops' q.k reads, where their set has that step: each member
     // prepares its own copy (the pass's query is in scratch, the team past a barrier).
@@ -158,7 +163,7 @@ struct HostPath {
       prefetcher.allow(prefetch_lines);  // the rest
       const ChunkValuesArgs<CacheT> values{c.value_head, c.block_stride, s.block_ids, blocks,
                                            tokens - (blocks - 1) * B, B, D, s.probs, CT, s.o,
-                                           TileKey{loops.call, c.tile}};
+                                           TileKey{loops.call, c.tile}, c.exact_probabilities};
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, members), [&](int r) {
         const int d_begin = D * r / members, d_end = D * (r + 1) / members;
         for (int g = 0; g < H; ++g) {
