@@ -164,15 +164,19 @@ def bench_section(entry):
              f"{entry['date']}, commit `{entry['commit']}`, kpa {first.get('kpa_version', '?')} on "
              f"Kokkos::{first.get('execution_space', '?')}:", "", "```sh", entry["command"], "```", ""]
     if first.get("machine_read_gbps"):
+        amx = f", AMX {first['machine_amx_gflops']:.0f} GFLOP/s" if first.get("machine_amx_gflops") else ""
         lines += [f"Limits measured in the same run: read {first['machine_read_gbps']:.1f} GB/s, FMA "
-                  f"{first['machine_fma_gflops']:.0f} GFLOP/s ({first.get('machine_probes', '?')} probes).", ""]
-    lines += ["| workload | median | % of read bandwidth | % of the paged read | % of roofline | plan |",
+                  f"{first['machine_fma_gflops']:.0f} GFLOP/s ({first.get('machine_probes', '?')} probes){amx}. "
+                  "The roofline's compute limit is that of the instructions doing the multiply-adds "
+                  "(AMX for prefill rows on the AMX level, FMA otherwise).", ""]
+    lines += ["| workload | median | % of read bandwidth | % of the paged read | % of roofline (limit) | plan |",
               "|---|---|---|---|---|---|"]
     for r in records:
         median = r["median_us"]
         time = f"{median / 1000:.2f} ms" if median >= 1000 else f"{median:.0f} us"
+        limit = f" ({r['compute_limit']})" if r.get("compute_limit") else ""
         lines.append(f"| {workload(r)} | {time} | {percent(r.get('bandwidth_pct'))} | {percent(r.get('paged_pct'))} | "
-                     f"{percent(r.get('roofline_pct'))} | `{r.get('plan', '')}` |")
+                     f"{percent(r.get('roofline_pct'))}{limit} | `{r.get('plan', '')}` |")
     return lines + [""]
 
 

@@ -26,6 +26,10 @@ constexpr int kHostMaxPartitionTokens = 4096;
 // Tokens per chunk: the host path keeps a chunk's logits in L1 (16 rows x 256 tokens: 16 KiB)
 // and reduces its p.V accumulators once per chunk.
 constexpr int kHostChunkTokens = 256;
+// Tiles of several passes (prefill rows) take twice that: their loops work on packed blocks kept
+// in the caches (the AMX set's), and a longer chunk pays the per-chunk rescaling and the tile
+// accumulators' loads and stores half as often.
+constexpr int kHostSeveralPassesChunkTokens = 512;
 // fp8 caches read by passes of one or two rows (MHA, groups of 2) take half that: their steps are
 // bound by the widening arithmetic and the reads alike, and the shorter chunk overlaps the two
 // better. With more rows, or 16-bit caches, the longer chunk is the faster.
@@ -252,7 +256,8 @@ void plan_team_shape(const DeviceProfile& profile, const ProblemShape& shape, co
     plan.vector_length = options.vector_length > 0 ? options.vector_length : 1;
     plan.team_size = options.team_size > 0 ? options.team_size : 1;
     plan.rows_per_pass = rows_per_pass_for(tile_rows, values_of(HostRowsPerPass{}));
-    const int chunk = shape.cache_element_size == 1 && plan.rows_per_pass <= kHostFewRows ? kHostFewRowsFp8ChunkTokens
+    const int chunk = tile_rows > plan.rows_per_pass ? kHostSeveralPassesChunkTokens
+                      : shape.cache_element_size == 1 && plan.rows_per_pass <= kHostFewRows ? kHostFewRowsFp8ChunkTokens
                                                                                            : kHostChunkTokens;
     plan.chunk_tokens = static_cast<int>(
         std::max<long long>(shape.block_size, (chunk / shape.block_size) * static_cast<long long>(shape.block_size)));

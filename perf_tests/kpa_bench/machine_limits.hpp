@@ -8,7 +8,10 @@
 //     (neighbouring threads, neighbouring vectors); best of 5 runs;
 //   FMA throughput: every work item runs independent multiply-add chains in registers (x86: 16
 //     vector chains of the widest width; elsewhere 64 scalar chains for the compiler to
-//     vectorise), enough to cover the FMA latency; best of 5 runs, 2 FLOP per FMA.
+//     vectorise), enough to cover the FMA latency; best of 5 runs, 2 FLOP per FMA;
+//   AMX throughput, where kpa runs its AMX level: every work item runs tdpbf16ps into 4
+//     independent 16 x 16 accumulators (16 x 16 x 32 multiply-adds each) from tiles loaded
+//     once, through kpa's own tile mapping (src/host_loops/amx_tiles.hpp); best of 5 runs.
 // Besides these, each workload measures the paged read on hosts (Bench::paged_read_bytes_per_s
 // in main.cpp): the same blocks in the same order, read by a plain loop (read_words).
 
@@ -21,6 +24,10 @@
 
 #ifdef KPA_BENCH_X86_PROBES
 #include <immintrin.h>
+
+#include <kpa/host_isa.hpp>
+
+#include "host_loops/amx_tiles.hpp"
 #endif
 
 #include <algorithm>
@@ -39,7 +46,8 @@ struct alignas(16) float4_like {
 
 struct MachineLimits {
   double read_bytes_per_s = 0.0;
-  double flop_per_s = 0.0;
+  double flop_per_s = 0.0;       ///< FMA
+  double tile_flop_per_s = 0.0;  ///< AMX tdpbf16ps; 0 where kpa does not run its AMX level
 };
 
 template <class Space>
@@ -123,6 +131,36 @@ __attribute__((target("avx512f"))) inline float fma_chains_avx512(float seed, in
     for (int j = 0; j < kChains; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
   for (int j = 1; j < kChains; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
   return _mm512_reduce_add_ps(acc[0]);
+}
+
+/// `steps` rounds of tdpbf16ps into 4 accumulators; returns an element of their sum (kept live).
+inline float tile_chains(int steps) {
+  using Tiles = kpa::detail::amx::AmxTiles;
+  kpa::detail::amx::TileConfig config;
+  for (int t = 0; t < 6; ++t) config.set(t, 16, 64);  // accumulators 0-3, A 4, B 5
+  alignas(64) std::uint16_t operand[16][32];
+  for (auto& row : operand)
+    for (auto& v : row) v = 0x3a80;  // 2^-10
+  alignas(64) float sums[4][16][16];
+  Tiles::configure(config);
+  Tiles::zero<0>();
+  Tiles::zero<1>();
+  Tiles::zero<2>();
+  Tiles::zero<3>();
+  Tiles::load<4>(operand, 64);
+  Tiles::load<5>(operand, 64);
+  for (int s = 0; s < steps; ++s) {
+    Tiles::dot_bf16<0, 4, 5>();
+    Tiles::dot_bf16<1, 4, 5>();
+    Tiles::dot_bf16<2, 4, 5>();
+    Tiles::dot_bf16<3, 4, 5>();
+  }
+  Tiles::store<0>(sums[0], 64);
+  Tiles::store<1>(sums[1], 64);
+  Tiles::store<2>(sums[2], 64);
+  Tiles::store<3>(sums[3], 64);
+  Tiles::release();
+  return sums[0][0][0] + sums[1][0][0] + sums[2][0][0] + sums[3][0][0];
 }
 
 /// Vector width in floats of the widest probe this CPU runs: 16 (AVX-512F), 8 (AVX2 + FMA), 0.
@@ -232,6 +270,20 @@ MachineLimits measure_machine_limits(const Space& space) {
         });
   });
   limits.flop_per_s = flop_per_item * static_cast<double>(items) / fma_seconds;
+
+#ifdef KPA_BENCH_X86_PROBES
+  // cpu_host_isa() asks the kernel for the tile state for this process, as kpa does.
+  if (host && kpa::detail::chosen_host_isa(kpa::detail::best_host_isa()) == kpa::HostIsa::Amx) {
+    constexpr int tile_steps = 1 << 12;
+    const std::int64_t tile_items = std::int64_t{space.concurrency()} * 16;
+    const double tile_seconds = best_seconds(5, space, [&] {
+      Kokkos::parallel_for(
+          "kpa_bench::tile_throughput", Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(space, 0, tile_items),
+          KOKKOS_LAMBDA(std::int64_t item) { sink(item % items) = x86::tile_chains(tile_steps); });
+    });
+    limits.tile_flop_per_s = 4.0 * 16 * 16 * 32 * 2 * tile_steps * static_cast<double>(tile_items) / tile_seconds;
+  }
+#endif
   return limits;
 }
 

@@ -84,6 +84,7 @@ struct Result {
   std::optional<double> max_abs_err, naive_us, dense_us;
   std::optional<double> paged_read_gbps, paged_pct;  ///< the paged-read probe (hosts)
   std::string plan;
+  bool on_tiles = false;  ///< the arithmetic on AMX tiles (host_loops' Passes::Several): their peak limits it
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -402,6 +403,14 @@ class Bench {
 
   /// The plan of the last call: the workspace's for auto; v1 and v2 plan with their fixed
   /// partition size (one partition, or partition_), as they do inside.
+  /// Whether the call's multiply-adds ran on AMX tiles: the AMX level, and tiles of several passes.
+  bool on_tiles() const {
+    if (w_.version != "auto") return false;
+    const kpa::LaunchPlan& p = workspace_.last_plan();
+    const int tile_rows = w_.num_query_heads / w_.num_kv_heads * std::max(w_.query_len, 1);
+    return p.kernel_path == kpa::KernelPath::Host && p.host_isa == kpa::HostIsa::Amx && tile_rows > p.rows_per_pass;
+  }
+
   std::string plan() const {
     kpa::ProblemShape shape{w_.batch_size, w_.num_query_heads, w_.num_kv_heads, w_.head_size, w_.block_size, w_.seq_len};
     shape.sliding_window = w_.sliding_window;
@@ -507,8 +516,12 @@ class Bench {
     r.gflops = r.flops / r.median_us / 1e3;
     r.bandwidth_pct = 100.0 * r.kv_bytes / r.median_us * 1e6 / limits.read_bytes_per_s;
     // The roofline time is the larger of the two lower bounds: reading the KV cache once at the
-    // measured bandwidth, and the multiply-adds at the measured FMA throughput.
-    const double roofline_us = std::max(r.kv_bytes / limits.read_bytes_per_s, r.flops / limits.flop_per_s) * 1e6;
+    // measured bandwidth, and the multiply-adds at the measured throughput of the instructions
+    // that do them (AMX tiles for the passes of tiles of several passes where kpa runs AMX, FMA
+    // otherwise).
+    r.on_tiles = on_tiles();
+    const double peak = r.on_tiles && limits.tile_flop_per_s > 0.0 ? limits.tile_flop_per_s : limits.flop_per_s;
+    const double roofline_us = std::max(r.kv_bytes / limits.read_bytes_per_s, r.flops / peak) * 1e6;
     r.roofline_pct = 100.0 * roofline_us / r.median_us;
     if (const double paged = paged_read_bytes_per_s(); paged > 0.0) {
       r.paged_read_gbps = paged / 1e9;
@@ -636,9 +649,12 @@ std::string fixed(double v, int digits) {
 }
 
 void print_table(const std::vector<Result>& results, const MachineLimits& limits) {
-  std::printf("\nmachine: %s, %d threads; measured read bandwidth %.1f GB/s, FMA throughput %.1f GFLOP/s (%s probes)\n",
+  std::printf("\nmachine: %s, %d threads; measured read bandwidth %.1f GB/s, FMA throughput %.1f GFLOP/s (%s probes)",
               Space::name(), static_cast<int>(Space().concurrency()), limits.read_bytes_per_s / 1e9,
               limits.flop_per_s / 1e9, probe_kind<Space>().c_str());
+  if (limits.tile_flop_per_s > 0.0) std::printf(", AMX throughput %.1f GFLOP/s", limits.tile_flop_per_s / 1e9);
+  std::printf("\n%%roof: of the larger lower bound, the KV read at the bandwidth or the multiply-adds at the throughput "
+              "of what runs them (AMX for the passes of prefill rows on the AMX level, FMA otherwise)\n");
   std::printf("%-22s %-4s %-5s %-8s %10s %10s %8s %6s %8s %6s %6s %-22s %9s %9s %9s\n", "workload", "ver", "dtype",
               "kv", "median_us", "min_us", "KV_GB/s", "%bw", "paged", "%paged", "%roof", "plan", "vs_naive",
               "vs_dense", "max_err");
@@ -687,6 +703,9 @@ nlohmann::ordered_json record(const Result& r, const MachineLimits& limits) {
           {"execution_space", Space::name()},
           {"machine_read_gbps", limits.read_bytes_per_s / 1e9},
           {"machine_fma_gflops", limits.flop_per_s / 1e9},
+          {"machine_amx_gflops", limits.tile_flop_per_s > 0.0 ? nlohmann::json(limits.tile_flop_per_s / 1e9)
+                                                              : nlohmann::json(nullptr)},
+          {"compute_limit", r.on_tiles && limits.tile_flop_per_s > 0.0 ? "amx" : "fma"},
           {"machine_probes", probe_kind<Space>()},
           {"kpa_version", kpa::version_string}};
 }
