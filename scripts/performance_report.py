@@ -88,6 +88,10 @@ def keep(kind, machine, command, payload):
              "date": now.strftime("%Y-%m-%d %H:%M UTC"), **payload}
     MEASUREMENTS.mkdir(parents=True, exist_ok=True)
     name = "device-gates.json" if kind == "gates" else f"{kind}-{now:%Y%m%d-%H%M}-{slug(machine)}.json"
+    run = 2
+    while kind != "gates" and (MEASUREMENTS / name).exists():  # another run in the same minute
+        name = f"{kind}-{now:%Y%m%d-%H%M}-{slug(machine)}-{run}.json"
+        run += 1
     (MEASUREMENTS / name).write_text(json.dumps(entry, indent=1) + "\n")
     print(f"kept {MEASUREMENTS.relative_to(REPO) / name}")
 
