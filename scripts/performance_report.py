@@ -213,7 +213,8 @@ def render():
              "`scripts/performance_report.py bench` adds one. Columns as `kpa-bench --help` defines them:",
              "% of read bandwidth = K/V bytes per second / the read bandwidth measured in the same run;",
              "% of the paged read = against a plain loop reading the same blocks in the same order;",
-             "% of roofline = the larger of bytes / bandwidth and FLOP / FMA throughput, / the time.", ""]
+             "% of roofline = the larger of bytes / bandwidth and FLOP / the throughput of what does the",
+             "multiply-adds (AMX tiles or FMA, named in the column where the run records it), / the time.", ""]
     sections = [
         ("## kpa-bench", [], benches, bench_section),
         ("## kpa and vLLM's own CPU attention",
