@@ -3,6 +3,8 @@
  * point at once. Pointers are host memory, so this test runs on builds whose default execution
  * space is a host back end. */
 
+#define _GNU_SOURCE /* syscall */
+
 #include <kpa/kpa.h>
 
 #include <math.h>
@@ -10,6 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <cpuid.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 enum { SEQS = 3, HEADS = 4, KV_HEADS = 2, HEAD = 32, BLOCK = 8, MAX_BLOCKS = 4, NUM_BLOCKS = 12, X = 4 };
 static const int32_t seq_lens[SEQS] = {0, 5, 29};
@@ -138,14 +148,24 @@ int main(void) {
   CHECK(kpa_init() == KPA_OK, "kpa_init again");
   CHECK(strlen(kpa_version()) > 0, "kpa_version");
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  /* libkpa.so is built for baseline x86-64: its kernels still use AVX2 or AVX-512 (with VBMI)
-   * where the CPU has them. */
+  /* libkpa.so is built for baseline x86-64: its kernels still use AVX2, AVX-512 (with VBMI) or
+   * AMX where the CPU has them (AMX: AMX-TILE and AMX-BF16, the tile state enabled in XCR0, and
+   * the kernel's permission for this process). */
   __builtin_cpu_init();
   const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   const int vbmi = avx512 && __builtin_cpu_supports("avx512vbmi");
-  const char* best = vbmi ? "avx512vbmi" : (avx512 ? "avx512" : (avx2 ? "avx2" : "portable"));
+  int amx = 0;
+#if defined(__linux__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (vbmi && __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1u) && ((d >> 24) & 1u)) {
+    unsigned xcr0 = 0, xcr0_high = 0;
+    __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+    amx = (xcr0 & 0x60000u) == 0x60000u && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+  }
+#endif
+  const char* best = amx ? "amx" : vbmi ? "avx512vbmi" : (avx512 ? "avx512" : (avx2 ? "avx2" : "portable"));
   CHECK(strcmp(kpa_host_isa(), best) == 0, "kpa_host_isa %s, expected %s", kpa_host_isa(), best);
 #endif
 
