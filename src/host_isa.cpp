@@ -71,8 +71,11 @@ HostIsa cpu_host_isa() {
     if (!avx512 || (xcr0 & 0xe0u) != 0xe0u) return HostIsa::Avx2;
     if (((c >> 1) & 1u) == 0) return HostIsa::Avx512;
     // AMX-TILE and AMX-BF16, the tile state enabled (XCR0 bits 17 and 18), and the kernel's
-    // permission for this process to use it (Linux: arch_prctl ARCH_REQ_XCOMP_PERM).
-    const bool amx = ((d >> 24) & 1u) && ((d >> 22) & 1u) && (xcr0 & 0x60000u) == 0x60000u;
+    // permission for this process to use it (Linux: arch_prctl ARCH_REQ_XCOMP_PERM); and
+    // AVX512-BF16 (leaf 7.1), whose conversion the code around the tiles takes.
+    unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+    const bool avx512_bf16 = __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) != 0 && ((a1 >> 5) & 1u);
+    const bool amx = ((d >> 24) & 1u) && ((d >> 22) & 1u) && (xcr0 & 0x60000u) == 0x60000u && avx512_bf16;
     return amx && tile_state_granted() ? HostIsa::Amx : HostIsa::Avx512Vbmi;
   }();
   return isa;

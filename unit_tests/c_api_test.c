@@ -149,8 +149,8 @@ int main(void) {
   CHECK(strlen(kpa_version()) > 0, "kpa_version");
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   /* libkpa.so is built for baseline x86-64: its kernels still use AVX2, AVX-512 (with VBMI) or
-   * AMX where the CPU has them (AMX: AMX-TILE and AMX-BF16, the tile state enabled in XCR0, and
-   * the kernel's permission for this process). */
+   * AMX where the CPU has them (AMX: AMX-TILE, AMX-BF16 and AVX512-BF16, the tile state enabled
+   * in XCR0, and the kernel's permission for this process). */
   __builtin_cpu_init();
   const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -159,7 +159,9 @@ int main(void) {
   int amx = 0;
 #if defined(__linux__)
   unsigned a = 0, b = 0, c = 0, d = 0;
-  if (vbmi && __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1u) && ((d >> 24) & 1u)) {
+  unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+  const int avx512_bf16 = __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && ((a1 >> 5) & 1u);
+  if (vbmi && avx512_bf16 && __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1u) && ((d >> 24) & 1u)) {
     unsigned xcr0 = 0, xcr0_high = 0;
     __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
     amx = (xcr0 & 0x60000u) == 0x60000u && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;

@@ -16,6 +16,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -164,9 +166,10 @@ TEST(AmxTiles, MatchTheModel) {
 
 #if !defined(__CUDACC__)  // the code around the tiles is AVX2, which host_loops.cpp leaves out of device compilers
 // The query in tile form (amx::prepare_query): its bf16 parts sum to it exactly, and there are as
-// many as it needs: one for a query of bf16 values, two for f16 values, three for floats.
-TEST(AmxLoops, SplitTheQueryIntoThePartsItNeeds) {
-  if (kpa::detail::cpu_host_isa() < kpa::HostIsa::Avx2) GTEST_SKIP() << "the code around the tiles is AVX2";
+// many as it needs: one for a query of bf16 values, two for f16 values, three for floats; with
+// the model's AVX2 splitting and, where the CPU has AMX, the AVX512-BF16 one.
+template <class Tiles>
+void check_query_split() {
   constexpr int H = 4, D = 64;
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
@@ -177,7 +180,7 @@ TEST(AmxLoops, SplitTheQueryIntoThePartsItNeeds) {
       v = needed == 1 ? kpa::to_float(kpa::detail::from_float<kpa::bfloat16>(x))
                       : (needed == 2 ? kpa::to_float(kpa::detail::from_float<kpa::half>(x)) : x);
     }
-    const kpa::detail::QueryTiles tiles = kpa::detail::amx::prepare_query<H>(q.data(), D);
+    const kpa::detail::QueryTiles tiles = kpa::detail::amx::prepare_query<H, Tiles>(q.data(), D);
     EXPECT_EQ(tiles.parts, needed);
     for (int g = 0; g < H; ++g) {
       for (int i = 0; i < D; ++i) {
@@ -191,6 +194,43 @@ TEST(AmxLoops, SplitTheQueryIntoThePartsItNeeds) {
         }
         EXPECT_EQ(sum, static_cast<double>(q[g * D + i])) << "row " << g << " element " << i << " of a query needing "
                                                           << needed << " parts";
+      }
+    }
+  }
+}
+
+TEST(AmxLoops, SplitTheQueryIntoThePartsItNeeds) {
+  if (kpa::detail::cpu_host_isa() < kpa::HostIsa::Avx2) GTEST_SKIP() << "the code around the tiles is AVX2";
+  check_query_split<TileModel>();
+  if (kpa::detail::cpu_host_isa() == kpa::HostIsa::Amx) check_query_split<AmxTiles>();
+}
+
+// The two splittings of rows into bf16 parts give the same codes, but for subnormal floats (the
+// AVX512-BF16 one reads them as zeros, as the tile instruction reads their codes): partly filled
+// and padded rows, rounding ties, NaN, the largest values. (An infinity's remainder is inf - inf,
+// which the test main traps.)
+TEST(AmxLoops, SplittingsAgree) {
+  if (!__builtin_cpu_supports("avx512bf16")) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  constexpr int H = 3, kStride = 80, kPadded = 64;
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
+  std::vector<float> rows(H * kStride);
+  for (float& v : rows) v = uniform(rng);
+  const float specials[] = {1.0f + 0x1p-8f, 1.0f + 0x1p-7f + 0x1p-8f, -0.0f, std::numeric_limits<float>::quiet_NaN(), 0x1p-126f, 3e38f};
+  for (std::size_t i = 0; i < std::size(specials); ++i) rows[kStride + 5 * i] = specials[i];
+  for (int n : {kPadded, 45, 16, 1}) {
+    for (int parts = 1; parts <= kpa::detail::amx::kParts; ++parts) {
+      std::vector<std::uint16_t> model(kpa::detail::amx::kParts * H * kPadded, 0xdead), avx512 = model;
+      const int model_parts = kpa::detail::amx::split_rows<H>(rows.data(), kStride, n, kPadded, parts, model.data(), kPadded,
+                                                              H * kPadded);
+      const int avx512_parts = kpa::detail::amx::split_rows_avx512_bf16<H>(rows.data(), kStride, n, kPadded, parts,
+                                                                           avx512.data(), kPadded, H * kPadded);
+      EXPECT_EQ(model_parts, avx512_parts) << n << " elements, " << parts << " parts";
+      const auto nan = [](std::uint16_t code) { return (code & 0x7fffu) > 0x7f80u; };  // either sign
+      for (std::size_t i = 0; i < model.size(); ++i) {
+        if (model[i] != avx512[i] && !(nan(model[i]) && nan(avx512[i]))) {
+          ADD_FAILURE() << n << " elements, " << parts << " parts: code " << i << " " << model[i] << " and " << avx512[i];
+        }
       }
     }
   }

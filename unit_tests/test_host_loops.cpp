@@ -343,8 +343,10 @@ TEST_P(HostLoops, Fp8Caches) {
 
 // Passes of one tile may share the blocks a set packed (TileKey), and only they: the same blocks
 // read again with another query or other probabilities, with fewer slots (a later pass's causal
-// end), and after the cache memory changed under a new call or for another tile. Every set must
-// give the values of the memory as it is at each call.
+// end), with the tile's slots past the pass's (tile_slots: packed once for every pass), and after
+// the cache memory changed under a new call or for another tile. Every set must give the values
+// of the memory as it is at each call, and no slot past a pass's own may show in its results,
+// NaN there included.
 template <class S>
 void check_packed_blocks_reuse(HostIsa isa) {
   constexpr int H = 8, B = 32, D = 64;
@@ -357,18 +359,24 @@ void check_packed_blocks_reuse(HostIsa isa) {
   std::vector<S> keys = block.keys, values = block.values;  // the memory the loops read
   struct Step {
     const kpa::detail::HostLoops<H, S>* loops;
-    int tile, slots;
-    bool new_contents;
+    int tile, slots, tile_slots;
+    bool new_contents, nan_past_slots;
   };
-  const Step steps[] = {{&first_call, 0, B, false},       {&first_call, 0, B, false},  // a new query and p
-                        {&first_call, 0, B - 5, false},   {&first_call, 0, B, false},
-                        {&second_call, 0, B, true},       {&second_call, 1, B, true},
-                        {&second_call, 1, B - 9, false}};
+  const Step steps[] = {{&first_call, 0, B, 0, false, false},      {&first_call, 0, B, 0, false, false},  // a new query and p
+                        {&first_call, 0, B - 5, 0, false, false},  {&first_call, 0, B, 0, false, false},
+                        {&second_call, 0, B, 0, true, false},      {&second_call, 1, B, 0, true, false},
+                        {&second_call, 1, B - 9, 0, false, false}, {&second_call, 2, B - 7, B, false, false},
+                        {&second_call, 2, B - 3, B, false, false}, {&second_call, 3, B - 6, B, true, true}};
   for (const Step& step : steps) {
     if (step.new_contents) {
       block = Block<S>(B, D, B, rng);
       std::copy(block.keys.begin(), block.keys.end(), keys.begin());
       std::copy(block.values.begin(), block.values.end(), values.begin());
+    }
+    if (step.nan_past_slots) {  // a slot of the tile past the pass's: its key and value hold NaN
+      const int slot = step.slots + 2, X = Block<S>::X;
+      keys[(static_cast<std::size_t>(3 / X) * B + slot) * X + 3 % X] = kpa::detail::from_float<S>(kNan);
+      values[static_cast<std::size_t>(3) * B + slot] = kpa::detail::from_float<S>(kNan);
     }
     const kpa::detail::TileKey tile{step.loops->call, step.tile};
     const std::string where = name_of(isa) + " tile " + std::to_string(step.tile) + " slots " + std::to_string(step.slots);
@@ -376,6 +384,7 @@ void check_packed_blocks_reuse(HostIsa isa) {
     for (float& v : q) v = uniform(rng) - 0.5f;
     kpa::detail::BlockLogitsArgs<S> args{keys.data(), B, D, step.slots, q.data(), logits.data(), B};
     args.tile = tile;
+    args.tile_slots = step.tile_slots;
     run_block_logits<H, S>(*step.loops, args);
     for (int g = 0; g < H; ++g) {
       for (int slot = 0; slot < step.slots; ++slot) {
@@ -390,6 +399,7 @@ void check_packed_blocks_reuse(HostIsa isa) {
     kpa::detail::ChunkValuesArgs<S> values_args{values.data(), static_cast<std::int64_t>(B) * D, &id, 1, step.slots, B,
                                                 D, probs.data(), B, o.data()};
     values_args.tile = tile;
+    values_args.last_block_tile_slots = step.tile_slots;
     kpa::detail::BlockPrefetcher idle;
     step.loops->chunk_values(values_args, idle, 0, D);
     for (int g = 0; g < H; ++g) {

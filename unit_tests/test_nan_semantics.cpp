@@ -56,6 +56,44 @@ TYPED_TEST(NanSemantics, AttendedNanShowsInTheAffectedOutputsF32) { check_nan_pa
 TYPED_TEST(NanSemantics, AttendedNanShowsInTheAffectedOutputsF16) { check_nan_pattern<kpa::half, TypeParam>(); }
 TYPED_TEST(NanSemantics, AttendedNanShowsInTheAffectedOutputsBF16) { check_nan_pattern<kpa::bfloat16, TypeParam>(); }
 
+// A prompt's query tokens (several passes over the same blocks): NaN in the cache at one of its
+// tokens shows in the rows of that token and later ones, never in the passes before it, from
+// which the causal mask hides it (even where a set packs a block once for all of them). The rows
+// of a pass share its reads, so each NaN here is at the first token of a pass (32 tokens into
+// the prompt: a multiple of every pass's tokens).
+template <class T, class C, class Space>
+void check_nan_in_a_prompt(kpa::KVCacheDType cache_dtype) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  ProblemSpec spec = nan_spec();
+  spec.seq_lens = {150, 45};
+  spec.query_lens = {40, 45};
+  spec.kv_cache_dtype = cache_dtype;
+  HostProblem p = make_problem<T>(spec);
+  p.keys[element(p, 0, 142, 0, 5)] = nan;    // every dimension of kv head 0's rows from token 142
+  p.values[element(p, 0, 142, 1, 9)] = nan;  // dimension 9 of kv head 1's rows from token 142
+  p.values[element(p, 1, 32, 0, 2)] = nan;   // dimension 2 of kv head 0's rows from token 32
+  const std::vector<double> ref = reference_attention(p);
+  const auto at = [&](int token, int h, int d) {
+    return ref[(static_cast<std::size_t>(token) * p.num_heads + h) * p.head_size + d];
+  };
+  for (int h = 0; h < 8; ++h) {
+    for (int i = 0; i < 40; ++i) {
+      const bool attended = 110 + i >= 142;
+      ASSERT_EQ(std::isnan(at(i, h, 0)), h < 4 && attended) << i << " " << h;
+      ASSERT_EQ(std::isnan(at(i, h, 9)), attended) << i << " " << h;
+    }
+    for (int i = 0; i < 45; ++i) ASSERT_EQ(std::isnan(at(40 + i, h, 2)), h < 4 && i >= 32) << i << " " << h;
+  }
+  for (int partition : {64, 512}) check_attention_on<T, Space, C>(p, partition);
+}
+
+TYPED_TEST(NanSemantics, NanInAPromptShowsFromItsTokenOnBF16) {
+  check_nan_in_a_prompt<kpa::bfloat16, kpa::bfloat16, TypeParam>(kpa::KVCacheDType::Auto);
+}
+TYPED_TEST(NanSemantics, NanInAPromptShowsFromItsTokenOnFp8) {
+  check_nan_in_a_prompt<kpa::bfloat16, std::uint8_t, TypeParam>(kpa::KVCacheDType::Fp8E4M3);
+}
+
 // A sequence whose only attended logits are NaN: no finite max exists, and the output is still NaN
 // (not the zeros of a sequence with nothing to attend).
 TYPED_TEST(NanSemantics, OnlyNanLogitsGiveNan) {

@@ -2,7 +2,8 @@
 // The AMX-BF16 host loops for bf16 and fp8 caches (include/kpa/detail/host_loops.hpp says what
 // each computes), written once over a tile mapping (amx_tiles.hpp): AmxTiles, the instructions,
 // for HostIsa::Amx, and TileModel, their software model, for HostIsa::AmxModel. The code around
-// the tiles is AVX2, so the model runs on any AVX2 CPU.
+// the tiles is AVX2, so the model runs on any AVX2 CPU, but for the splitting of rows into bf16
+// parts, which takes AVX512-BF16's conversion beside the instructions (split_rows_for).
 //
 // Tiles (tdpbf16ps: C[M][N] += A[M][2K] . B[K][N][2], f32 sums of bf16 pairs), the pass's H rows
 // as the rows of A and C, so that every operand a pass makes itself is read row by row:
@@ -14,7 +15,9 @@
 //          16 dimension rows of values in slot pairs (pack_values: the [D][B] layout transposed).
 // Packing is what costs beside the tile products, so a thread keeps the blocks it packed for the
 // later passes of a tile of several (PackedBlocks: the rows of a prefill chunk read the same
-// blocks pass after pass); a tile of one pass (decode) packs into a buffer it reuses.
+// blocks pass after pass), packing the block's slots of the whole tile (tile_slots) so that the
+// block at the causal edge, of which each pass reads more slots, is packed once too; a tile of
+// one pass (decode) packs into a buffer it reuses.
 // Precision: q and p are f32; each is split into bf16 parts (round to nearest, the remainder
 // rounded again, the last remainder exact): the query into as many as it needs to be exact (one
 // for a bf16 query, two for f16: the scale is applied to the sums, so the query keeps its own
@@ -86,18 +89,58 @@ KPA_IMPL_AVX2 int split_rows(const float* src, int src_stride, int n, int n_padd
   return parts;
 }
 
+#define KPA_IMPL_AVX512_BF16 \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"), aligned(64)))
+
+/// split_rows with AVX512-BF16's conversion (round to nearest even, NaN kept quiet), 16 floats
+/// at a time. It reads subnormal floats as zeros, where split_rows keeps their bf16 codes: the
+/// tile instruction reads those as zeros too, so the products are the same.
+template <int H>
+KPA_IMPL_AVX512_BF16 int split_rows_avx512_bf16(const float* src, int src_stride, int n, int n_padded, int parts,
+                                                std::uint16_t* dst, int row_stride, int part_stride) {
+  __m256i nonzero[kParts] = {};
+  for (int g = 0; g < H; ++g) {
+    const float* row = src + static_cast<std::int64_t>(g) * src_stride;
+    for (int i = 0; i < n_padded; i += 16) {
+      const int valid = n - i;
+      const __mmask16 lanes = valid >= 16 ? __mmask16(0xffff) : valid > 0 ? __mmask16((1u << valid) - 1u) : __mmask16(0);
+      __m512 x = _mm512_maskz_loadu_ps(lanes, row + i);
+#pragma GCC unroll 3
+      for (int p = 0; p < parts; ++p) {
+        const __m256i codes = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + p * part_stride + g * row_stride + i), codes);
+        nonzero[p] = _mm256_or_si256(nonzero[p], codes);
+        x = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(codes), 16)));  // exact
+      }
+    }
+  }
+  while (parts > 1 && _mm256_testz_si256(nonzero[parts - 1], nonzero[parts - 1])) --parts;
+  return parts;
+}
+
+/// split_rows as the code around the tiles of Tiles may run it.
+template <int H, class Tiles>
+inline int split_rows_for(const float* src, int src_stride, int n, int n_padded, int parts, std::uint16_t* dst,
+                          int row_stride, int part_stride) {
+  if constexpr (Tiles::kAvx512Bf16) {
+    return split_rows_avx512_bf16<H>(src, src_stride, n, n_padded, parts, dst, row_stride, part_stride);
+  } else {
+    return split_rows<H>(src, src_stride, n, n_padded, parts, dst, row_stride, part_stride);
+  }
+}
+
 /// Head sizes up to which q.k takes the tiles.
 inline constexpr int kMaxHeadSize = 256;
 
 /// The pass's query rows (unscaled) as q.k's A tiles, in the thread's buffer: part p of row g,
 /// dimension d, at bf16 code p * H * head_size + g * head_size + d (two codes per word); the
 /// parts after the last one with a nonzero code are left out (QueryTiles::parts).
-template <int H>
-KPA_IMPL_AVX2 QueryTiles prepare_query(const float* q, int head_size) {
+template <int H, class Tiles>
+QueryTiles prepare_query(const float* q, int head_size) {
   thread_local std::vector<std::uint32_t> tiles;
   tiles.resize(static_cast<std::size_t>(kParts) * H * head_size / 2);
   auto* codes = reinterpret_cast<std::uint16_t*>(tiles.data());
-  const int parts = split_rows<H>(q, head_size, head_size, head_size, kParts, codes, head_size, H * head_size);
+  const int parts = split_rows_for<H, Tiles>(q, head_size, head_size, head_size, kParts, codes, head_size, H * head_size);
   return QueryTiles{tiles.data(), parts};
 }
 
@@ -278,6 +321,33 @@ KPA_IMPL_AVX2 void pack_values(const CacheT* block, int block_size, int d0, int 
   }
 }
 
+/// The exponent bits (of a cache element's code) that are all ones in its infinities and NaNs.
+template <class CacheT>
+inline constexpr unsigned kNonFiniteBits = std::is_same_v<CacheT, bfloat16> ? 0x7f80u
+                                           : std::is_same_v<CacheT, fp8_e5m2> ? 0x7cu
+                                                                              : 0x7fu;  // e4m3: NaN only
+
+/// Whether slots [first, last) of dimensions [d0, d0 + dims) of a value block are all finite.
+template <class CacheT>
+KPA_IMPL_AVX2 bool finite_values(const CacheT* block, int block_size, int d0, int dims, int first, int last) {
+  constexpr int kPerVector = static_cast<int>(32 / sizeof(CacheT));
+  constexpr unsigned M = kNonFiniteBits<CacheT>;
+  const __m256i mask = sizeof(CacheT) == 2 ? _mm256_set1_epi16(static_cast<short>(M)) : _mm256_set1_epi8(static_cast<char>(M));
+  __m256i non_finite = _mm256_setzero_si256();
+  for (int d = d0; d < d0 + dims; ++d) {
+    const CacheT* row = block + static_cast<std::int64_t>(d) * block_size;
+    int i = first;
+    for (; i + kPerVector <= last; i += kPerVector) {
+      const __m256i bits = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i)), mask);
+      non_finite = _mm256_or_si256(non_finite, sizeof(CacheT) == 2 ? _mm256_cmpeq_epi16(bits, mask) : _mm256_cmpeq_epi8(bits, mask));
+    }
+    for (; i < last; ++i) {
+      if ((row[i].bits & M) == M) return false;
+    }
+  }
+  return _mm256_testz_si256(non_finite, non_finite) != 0;
+}
+
 /// Packed cache blocks a thread keeps for the later passes of a tile of several passes
 /// (TileKey): a hash table by the block's address (linear probing), each entry tagged with the
 /// block, its slots and the part of it packed (the dimensions of values), so a block packed for
@@ -411,9 +481,12 @@ template <int H, class CacheT, class Tiles>
 KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
   static_assert(H <= 16, "a tile's 16 rows hold the rows of a pass");
   const int D = a.head_size, steps = D / 32, parts = a.q_tiles.parts;
+  // Every pass of a tile packs the block's slots of the tile: a column of C depends on its own
+  // column of B alone, and only the pass's slots are copied out.
+  const int pack_slots = a.tile.index >= 0 && a.tile_slots > a.slots ? a.tile_slots : a.slots;
   bool packed = false;
-  std::uint32_t* keys = packed_keys().find(a.tile, a.key_block, a.slots, 0, packed_key_words(a.block_size, D), packed);
-  if (!packed) pack_keys(a.key_block, a.block_size, D, a.slots, keys);
+  std::uint32_t* keys = packed_keys().find(a.tile, a.key_block, pack_slots, 0, packed_key_words(a.block_size, D), packed);
+  if (!packed) pack_keys(a.key_block, a.block_size, D, pack_slots, keys);
   TileConfig config;
   for (int j = 0; j < kGroups; ++j) config.set(j, H, 64);
   for (int p = 0; p < parts; ++p) config.set(kA + p, H, 64);
@@ -460,8 +533,8 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
   // Every part, even where the chunk's probabilities need fewer: which results an infinite value
   // turns into NaN (amx.hpp's header) does not depend on the other probabilities.
   const int parts = a.exact_probabilities ? kParts : 2;
-  split_rows<H>(a.probs, a.probs_stride, (a.blocks - 1) * B + a.last_block_slots, row_codes, parts, probs.data(),
-                row_codes, part_codes);
+  split_rows_for<H, Tiles>(a.probs, a.probs_stride, (a.blocks - 1) * B + a.last_block_slots, row_codes, parts,
+                           probs.data(), row_codes, part_codes);
   TileConfig config;
   for (int j = 0; j < kGroups; ++j) config.set(j, H, 64);
   for (int p = 0; p < parts; ++p) config.set(kA + p, H, 2 * KS);
@@ -477,10 +550,17 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
       if (a.block_ids[lb] < 0) continue;  // attended by no row of the pass: never read
       const int slots = lb + 1 == a.blocks ? a.last_block_slots : B;
       const CacheT* block = a.value_head + a.block_ids[lb] * a.block_stride;
+      // A pass may take the packing of the block's slots of the tile where the slots past its
+      // own are finite: their probabilities are zeros, and zero times a finite value adds nothing.
+      int pack_slots = slots;
+      if (a.tile.index >= 0 && slots < B && a.last_block_tile_slots > slots &&
+          finite_values(block, B, d0, 16 * groups, slots, a.last_block_tile_slots)) {
+        pack_slots = a.last_block_tile_slots;
+      }
       bool packed = false;
-      std::uint32_t* values = kept.find(a.tile, block, slots, d0, kGroups * group_words, packed);
+      std::uint32_t* values = kept.find(a.tile, block, pack_slots, d0, kGroups * group_words, packed);
       if (!packed) {
-        for (int j = 0; j < groups; ++j) pack_values(block, B, d0 + 16 * j, slots, values + j * group_words);
+        for (int j = 0; j < groups; ++j) pack_values(block, B, d0 + 16 * j, pack_slots, values + j * group_words);
       }
       for (int step = 0; step * KS < slots; ++step) {
         load_parts<Tiles>(probs.data() + lb * B + step * KS, parts, part_codes, row_codes);
@@ -511,7 +591,7 @@ void use_tile_loops(HostLoops<H, CacheT>& loops, HostIsa isa, int head_size, int
   if constexpr (has_loops<CacheT>) {
     if (head_size % 32 == 0 && head_size <= kMaxHeadSize) {
       loops.isa = isa;
-      loops.prepare_query = &prepare_query<H>;
+      loops.prepare_query = &prepare_query<H, Tiles>;
       loops.block_logits = &block_logits<H, CacheT, Tiles>;
     }
     if (has_value_tiles(block_size)) {

@@ -38,6 +38,9 @@ static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
 inline constexpr int kTiles = 8, kTileRows = 16, kTileRowBytes = 64;
 
 struct AmxTiles {
+  /// The code around the tiles may use AVX512-BF16: every CPU with AMX-BF16 has it
+  /// (cpu_host_isa asks for both).
+  static constexpr bool kAvx512Bf16 = true;
   static void configure(const TileConfig& config) { __asm__ volatile("ldtilecfg %0" ::"m"(config)); }
   static void release() { __asm__ volatile("tilerelease" ::: "memory"); }
   template <int T>
@@ -62,6 +65,8 @@ struct AmxTiles {
 
 class TileModel {
  public:
+  /// The code around the modelled tiles stays AVX2, so that the model runs on any AVX2 CPU.
+  static constexpr bool kAvx512Bf16 = false;
   static void configure(const TileConfig& config) {
     State& s = state();
     if (config.palette != 1 || config.start_row != 0) fail("ldtilecfg: palette 1 from row 0 expected");

@@ -98,6 +98,7 @@ struct PartitionKernel {
     int query_start;  ///< the sequence's first row of query / out
     int query_len;    ///< its query tokens: the last query_len of its seq_len tokens
     int seq_len, begin, end, partition;
+    int tile_end;  ///< end before the pass's rows narrowed it: what every pass of the tile may read
   };
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& member) const {
@@ -131,7 +132,7 @@ struct PartitionKernel {
       // Partitions past the sequence are neither written nor read; an empty sequence (whose one
       // decode row has nothing to attend) has output 0.
       if (params.output == Output::Final && partition == 0) {
-        store_empty(member, Pass{seq, kv_head, 0, rows, query_start, query_len, seq_len, 0, 0, 0});
+        store_empty(member, Pass{seq, kv_head, 0, rows, query_start, query_len, seq_len, 0, 0, 0, 0});
       }
       return;
     }
@@ -140,7 +141,7 @@ struct PartitionKernel {
     for (int row0 = 0; row0 < rows; row0 += H) {
       // The last pass may have fewer real rows: its padding rows have zero queries and are never stored.
       Pass pass{seq, kv_head, row0, (rows - row0 < H) ? rows - row0 : H, query_start, query_len, seq_len, begin, end,
-                partition};
+                partition, end};
       // Only the keys some row of the pass attends, from the block holding the first of them (rows
       // go by query token, so the first row has the earliest keys and the last row the latest).
       const int first = variant.first_key(row_position(pass, 0));
@@ -169,6 +170,7 @@ struct PartitionKernel {
     c.table_stride = static_cast<std::int64_t>(views.block_tables.stride(1));
     c.begin = pass.begin;
     c.end = pass.end;
+    c.tile_end = pass.tile_end;
     c.head_size = params.head_size;
     c.block_size = params.block_size;
     c.chunk_tokens = params.chunk_tokens;

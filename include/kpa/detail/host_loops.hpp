@@ -157,6 +157,10 @@ struct BlockLogitsArgs {
   QueryTiles q_tiles{};
   float scale = 1.0f;
   TileKey tile{};
+  /// The block's slots that hold keys of the tile (>= slots; 0: slots): a set that packs blocks
+  /// may pack these and leave the results past `slots` unused, so that every pass of a tile packs
+  /// the block alike.
+  int tile_slots = 0;
 };
 
 /// One chunk_values call: o += p . V over the chunk's blocks, for output dimensions [d_begin, d_end).
@@ -177,6 +181,9 @@ struct ChunkValuesArgs {
   /// keep 16 significant bits of each (a relative error of at most 2^-17, far below the output's
   /// own rounding) instead of all 24.
   bool exact_probabilities = true;
+  /// The last block's slots that hold values of the tile (>= last_block_slots; 0: those), as
+  /// BlockLogitsArgs::tile_slots.
+  int last_block_tile_slots = 0;
 };
 
 /// The instruction-set parts of the row-wise logit rules and of the softmax (AttentionVariant

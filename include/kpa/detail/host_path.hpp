@@ -98,6 +98,11 @@ struct HostPath {
                            block_bytes, ids, count);
   }
 
+  /// The slots of the block whose first key is `key` that hold keys of the pass's tile.
+  KOKKOS_INLINE_FUNCTION static int tile_slots_from(const PassContext<H, CacheT>& c, int key) {
+    return c.tile_end - key < c.block_size ? c.tile_end - key : c.block_size;
+  }
+
   template <class Member>
   KOKKOS_INLINE_FUNCTION void attend(const Member& member, const PassContext<H, CacheT>& c, SoftmaxStates<H>& running) const {
     using Space = typename Member::execution_space;
@@ -137,7 +142,8 @@ struct HostPath {
           prefetch_bytes(c.value_head + block_id * c.block_stride, block_bytes);
         }
         loops.block_logits(BlockLogitsArgs<CacheT>{c.key_head + block_id * c.block_stride, B, D, slots, s.q,
-                                                   s.probs + lb * B, CT, q_tiles, c.scale, TileKey{loops.call, c.tile}},
+                                                   s.probs + lb * B, CT, q_tiles, c.scale, TileKey{loops.call, c.tile},
+                                                   tile_slots_from(c, key)},
                            prefetcher);
       });
       member.team_barrier();  // every member's logits and block ids are in scratch
@@ -163,7 +169,8 @@ struct HostPath {
       prefetcher.allow(prefetch_lines);  // the rest
       const ChunkValuesArgs<CacheT> values{c.value_head, c.block_stride, s.block_ids, blocks,
                                            tokens - (blocks - 1) * B, B, D, s.probs, CT, s.o,
-                                           TileKey{loops.call, c.tile}, c.exact_probabilities};
+                                           TileKey{loops.call, c.tile}, c.exact_probabilities,
+                                           tile_slots_from(c, chunk_begin + (blocks - 1) * B)};
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, members), [&](int r) {
         const int d_begin = D * r / members, d_end = D * (r + 1) / members;
         for (int g = 0; g < H; ++g) {

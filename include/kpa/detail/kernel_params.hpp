@@ -96,6 +96,7 @@ struct PassContext {
   const int* block_table;    ///< the sequence's row of block_tables: entry i at i * table_stride
   std::int64_t table_stride;
   int begin, end;            ///< keys of the pass (begin on a block boundary)
+  int tile_end;              ///< keys of the pass's tile end here (>= end): cache slots all its passes may read
   int head_size, block_size, chunk_tokens;
   float scale;               ///< multiplies q.k (KernelParams::scale)
   QueryRow row[H];
