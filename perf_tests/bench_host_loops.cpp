@@ -1,6 +1,7 @@
 // The host path's two arithmetic loops alone (detail/host_loops.hpp), one thread, on one 256-token
 // chunk whose blocks stay in L1 / L2: q.k (block_logits over the chunk's blocks) and p.V
-// (chunk_values over all output dimensions), for every instruction set this CPU runs. What a
+// (chunk_values over all output dimensions), for every instruction set this CPU runs, and for
+// the passes of a prefill tile on the best level (the AMX tiles where the CPU has them). What a
 // register tile or a widening costs shows here without the memory system: a decode step adds
 // the cache reads (kpa-bench). Counters: tokens per second (a token being one kv head's key or
 // value vector, used by the H query heads of a pass) and FLOP/s (2 per multiply-add).
@@ -58,17 +59,25 @@ void count(benchmark::State& state, HostIsa isa, int head_size) {
   state.SetLabel(std::string(kpa::to_string(isa)));
 }
 
-/// Arguments: instruction set, head size, block size.
-template <int H, class CacheT>
-void host_qk(benchmark::State& state) {
+/// q.k over the chunk's blocks. Arguments: instruction set, head size, block size. kTiles: as the
+/// passes of a tile of several (a prefill chunk's rows, TileKey), which on the AMX level pack the
+/// chunk's blocks in the first iteration and read what they packed from then on, as a tile's
+/// later passes do.
+template <int H, class CacheT, bool kTiles>
+void qk(benchmark::State& state) {
   const auto isa = static_cast<HostIsa>(state.range(0));
   Chunk<H, CacheT> c(static_cast<int>(state.range(1)), static_cast<int>(state.range(2)));
   const auto kernels = kpa::detail::host_loops<H, CacheT>(isa, c.head_size, c.block_size, kpa::detail::Passes::Several);
+  for (float& x : c.q) x = kpa::to_float(kpa::detail::from_float<kpa::bfloat16>(x));  // a bf16 model's query
+  const kpa::detail::QueryTiles q_tiles =
+      kernels.prepare_query != nullptr ? kernels.prepare_query(c.q.data(), c.head_size) : kpa::detail::QueryTiles{};
+  const kpa::detail::TileKey tile{kernels.call, kTiles ? 0 : -1};
   kpa::detail::BlockPrefetcher idle;  // the chunk stays in cache: nothing to ask for
   for (auto _ : state) {
     for (int b = 0; b < c.blocks; ++b) {
       kernels.block_logits({c.keys.data() + c.block_ids[b] * c.block_elements(), c.block_size, c.head_size,
-                            c.block_size, c.q.data(), c.probs.data() + b * c.block_size, kChunkTokens},
+                            c.block_size, c.q.data(), c.probs.data() + b * c.block_size, kChunkTokens, q_tiles, 1.0f,
+                            tile},
                            idle);
     }
     benchmark::DoNotOptimize(c.probs.data());
@@ -77,15 +86,18 @@ void host_qk(benchmark::State& state) {
   count<H, CacheT>(state, isa, c.head_size);
 }
 
-template <int H, class CacheT>
-void host_pv(benchmark::State& state) {
+/// p.V over the chunk for all output dimensions, as qk (a 16-bit output's probabilities).
+template <int H, class CacheT, bool kTiles>
+void pv(benchmark::State& state) {
   const auto isa = static_cast<HostIsa>(state.range(0));
   Chunk<H, CacheT> c(static_cast<int>(state.range(1)), static_cast<int>(state.range(2)));
   const auto kernels = kpa::detail::host_loops<H, CacheT>(isa, c.head_size, c.block_size, kpa::detail::Passes::Several);
-  const kpa::detail::ChunkValuesArgs<CacheT> args{c.values.data(), c.block_elements(), c.block_ids.data(),
-                                                  c.blocks,        c.block_size,       c.block_size,
-                                                  c.head_size,     c.probs.data(),     kChunkTokens,
-                                                  c.o.data()};
+  kpa::detail::ChunkValuesArgs<CacheT> args{c.values.data(), c.block_elements(), c.block_ids.data(),
+                                            c.blocks,        c.block_size,       c.block_size,
+                                            c.head_size,     c.probs.data(),     kChunkTokens,
+                                            c.o.data()};
+  args.tile = kpa::detail::TileKey{kernels.call, kTiles ? 0 : -1};
+  args.exact_probabilities = false;
   kpa::detail::BlockPrefetcher idle;
   for (auto _ : state) {
     kernels.chunk_values(args, idle, 0, c.head_size);
@@ -93,6 +105,22 @@ void host_pv(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   count<H, CacheT>(state, isa, c.head_size);
+}
+
+template <int H, class CacheT>
+void host_qk(benchmark::State& state) { qk<H, CacheT, false>(state); }
+template <int H, class CacheT>
+void host_pv(benchmark::State& state) { pv<H, CacheT, false>(state); }
+template <int H, class CacheT>
+void tile_qk(benchmark::State& state) { qk<H, CacheT, true>(state); }
+template <int H, class CacheT>
+void tile_pv(benchmark::State& state) { pv<H, CacheT, true>(state); }
+
+/// The tile loops' level where the CPU has AMX, else the best vector set, for head size 128 in
+/// blocks of 32 and 128.
+void tile_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"isa", "head_size", "block_size"});
+  for (int block : {32, 128}) b->Args({static_cast<int>(kpa::detail::best_host_isa()), 128, block});
 }
 
 /// Every instruction set this CPU runs (the planner's choice among them: KPA_HOST_ISA), for
@@ -122,5 +150,8 @@ BENCHMARK_TEMPLATE(host_qk, 8, kpa::half)->Apply(shapes);
 BENCHMARK_TEMPLATE(host_pv, 8, kpa::half)->Apply(shapes);
 BENCHMARK_TEMPLATE(host_qk, 8, kpa::fp8_e4m3)->Apply(shapes);
 BENCHMARK_TEMPLATE(host_pv, 8, kpa::fp8_e4m3)->Apply(shapes);
+// A prefill pass of 16 rows (4 query tokens x a GQA group of 4) over a bf16 cache.
+BENCHMARK_TEMPLATE(tile_qk, 16, kpa::bfloat16)->Apply(tile_shapes);
+BENCHMARK_TEMPLATE(tile_pv, 16, kpa::bfloat16)->Apply(tile_shapes);
 
 }  // namespace

@@ -174,7 +174,14 @@ struct HostPath {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, members), [&](int r) {
         const int d_begin = D * r / members, d_end = D * (r + 1) / members;
         for (int g = 0; g < H; ++g) {
-          for (int d = d_begin; d < d_end; ++d) s.o[g * D + d] *= weight[g];
+          const float w = weight[g];
+          if (w == 1.0f) continue;  // the row's max held
+          float* o = s.o + g * D;
+          int d = d_begin;
+          for (; d + 8 <= d_end; d += 8) {  // whole groups of 8, which compilers vectorise at -O2
+            for (int k = 0; k < 8; ++k) o[d + k] *= w;
+          }
+          for (; d < d_end; ++d) o[d] *= w;
         }
         loops.chunk_values(values, prefetcher, d_begin, d_end);
       });
