@@ -3,7 +3,8 @@
 # (scripts/bootstrap-deps.sh). Prints nothing but progress on stderr.
 #
 #   scripts/build.sh [TARGET...]          host build in BUILD_DIR (default <repo>/build); Kokkos:
-#                                         $Kokkos_ROOT if set, else the project-local build
+#                                         $Kokkos_ROOT if set, else the project-local build of
+#                                         KPA_KOKKOS_VERSION (default: scripts/kokkos-version.sh)
 #   scripts/build.sh --cuda [TARGET...]   CUDA build in BUILD_DIR (default <repo>/build-cuda)
 #                                         against the project-local CUDA Kokkos (KPA_CUDA_ARCH,
 #                                         default AMPERE80), compiled with its nvcc_wrapper
@@ -23,6 +24,9 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# The project-local Kokkos: KPA_KOKKOS_VERSION, else the newest whose sources are here, the one
+# every script builds against by default, so that they share the build folders.
+[ -n "${Kokkos_ROOT:-}" ] || export KPA_KOKKOS_VERSION=${KPA_KOKKOS_VERSION:-$("$repo/scripts/kokkos-version.sh")}
 cuda=0
 sanitize=0
 self_contained=0

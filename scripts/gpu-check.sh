@@ -139,7 +139,8 @@ build_kpa() {
 torch_extension() {
   local from=$1
   cmake --install "$from" --prefix "$from/python-prefix" || return 1
-  BUILD_DIR=$from/self-contained "$repo/scripts/build.sh" --self-contained kpa &&
+  BUILD_DIR=$from/self-contained KPA_KOKKOS_VERSION=${KPA_KOKKOS_VERSION:-3.4.1} \
+    "$repo/scripts/build.sh" --self-contained kpa &&
     cmake --install "$from/self-contained" --prefix "$from/python-host-prefix" || return 1
   export KPA_PREFIX=$from/python-prefix KPA_HOST_PREFIX=$from/python-host-prefix
   rm -rf "$from/python-site"

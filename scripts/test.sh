@@ -53,15 +53,9 @@ log() { printf '[kpa test] %s\n' "$*" >&2; }
 # OMP_PROC_BIND=false: tests share the cores with each other; two threads exercise team sizes > 1.
 run_ctest() { (cd "$1" && OMP_NUM_THREADS=2 OMP_PROC_BIND=false ctest -j "$(nproc)" --output-on-failure "${@:2}"); }
 
-# The newest Kokkos where its sources are here (bootstrap-deps.sh exits 3 where they are not).
-status=0
-KPA_KOKKOS_VERSION=4.6.01 "$repo/scripts/bootstrap-deps.sh" >/dev/null || status=$?
-case "$status" in
-  0) newest=4.6.01 ;;
-  3) newest=3.4.1; log "Kokkos 4.6.01's sources are not here (see above): the host and CUDA builds take Kokkos 3.4.1" ;;
-  *) exit "$status" ;;
-esac
-# Every step below takes this Kokkos unless it names 3.4.1.
+# The newest Kokkos whose sources are here, as every script's default: every step below takes it
+# unless it names 3.4.1.
+newest=$("$repo/scripts/kokkos-version.sh")
 export KPA_KOKKOS_VERSION=$newest
 
 build=${BUILD_DIR:-$repo/build}
