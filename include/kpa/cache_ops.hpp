@@ -20,9 +20,11 @@
 namespace kpa {
 namespace detail {
 
-/// One (token, kv head, dimension) element per work item: key and value go to their slot,
-/// converted to the cache's storage type S (the activation type for "auto" caches; fp8: the code
-/// of value / scale, rounded to nearest even and saturated).
+/// One token per team, its kv heads over the team's threads, their dimensions over the vector
+/// lanes: key and value go to the token's slot, converted to the cache's storage type S (the
+/// activation type for "auto" caches; fp8: the code of value / scale, rounded to nearest even and
+/// saturated). The key cache holds x elements of a slot contiguously ([D / x][B][x] per head), so
+/// the keys go x at a time; the value cache holds a slot's dimensions block_size apart.
 template <class S, class KeyView, class ValueView, class KeyCacheView, class ValueCacheView, class SlotView>
 struct ReshapeAndCacheKernel {
   KeyView key;
@@ -30,7 +32,7 @@ struct ReshapeAndCacheKernel {
   KeyCacheView key_cache;
   ValueCacheView value_cache;
   SlotView slot_mapping;
-  std::int64_t per_token;  ///< num_kv_heads * head_size
+  int num_kv_heads;
   int head_size;
   int block_size;
   float k_scale, v_scale;  ///< fp8 only
@@ -45,19 +47,29 @@ struct ReshapeAndCacheKernel {
     }
   }
 
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     constexpr int x = static_cast<int>(16 / sizeof(typename KeyCacheView::non_const_value_type));
-    const std::int64_t t = i / per_token;
+    const int t = team.league_rank();
     const std::int64_t slot = slot_mapping(t);
     if (slot < 0) return;  // padding
-    const int g = static_cast<int>((i % per_token) / head_size);
-    const int d = static_cast<int>(i % head_size);
     const std::int64_t block = slot / block_size;
     const int offset = static_cast<int>(slot % block_size);
-    key_cache(block, g, d / x, offset, d % x) = to_cache(key(t, g, d), k_scale);
-    value_cache(block, g, d, offset) = to_cache(value(t, g, d), v_scale);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, num_kv_heads), [&](int g) {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, head_size / x), [&](int chunk) {
+        for (int i = 0; i < x; ++i) key_cache(block, g, chunk, offset, i) = to_cache(key(t, g, chunk * x + i), k_scale);
+      });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, head_size), [&](int d) {
+        value_cache(block, g, d, offset) = to_cache(value(t, g, d), v_scale);
+      });
+    });
   }
 };
+
+/// Vector lanes of a reshape_and_cache team: one on host back ends, where a team is one thread
+/// and its loops run in order; a warp's worth elsewhere.
+template <class Space>
+inline constexpr int kCacheWriteLanes = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible ? 1 : 32;
 
 /// Copies block pair(i)'s source to its destination in one contiguous cache, one element per item.
 template <class T, class MappingView>
@@ -147,13 +159,14 @@ void reshape_and_cache(const Space& space, const KeyView& key, const ValueView& 
   if (check_indices) {
     detail::check_slot_mapping(call, space, slot_mapping, static_cast<std::int64_t>(cache.num_blocks) * cache.block_size);
   }
-  const std::int64_t per_token = static_cast<std::int64_t>(num_kv_heads) * head_size;
+  if (num_tokens == 0) return;
   detail::with_cache_storage<C>(kv_cache_dtype, [&](auto storage) {
     using S = typename decltype(storage)::type;  // T itself for "auto" caches
     using Kernel = detail::ReshapeAndCacheKernel<S, KeyView, ValueView, KeyCacheView, ValueCacheView, SlotView>;
     Kokkos::parallel_for("kpa::reshape_and_cache",
-                         Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(space, 0, num_tokens * per_token),
-                         Kernel{key, value, key_cache, value_cache, slot_mapping, per_token, head_size,
+                         Kokkos::TeamPolicy<Space>(space, static_cast<int>(num_tokens), Kokkos::AUTO,
+                                                   detail::kCacheWriteLanes<Space>),
+                         Kernel{key, value, key_cache, value_cache, slot_mapping, num_kv_heads, head_size,
                                 cache.block_size, k_scale, v_scale});
   });
 }

