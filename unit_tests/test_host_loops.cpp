@@ -165,6 +165,26 @@ TEST_P(HostLoops, RowSoftmaxMatchesStdExpAndKeepsSpecialValues) {
       }
     }
   }
+  // The vector sets share one polynomial: a row's probabilities are the same bits on each,
+  // down to the smallest ones, which scale into subnormals.
+  if (isa != HostIsa::Portable && isa != HostIsa::Avx2) {
+    std::vector<float> x;
+    for (float v = -90.0f; v <= 0.0f; v += 0.0093f) x.push_back(v);
+    for (float v = -87.3366f; v <= -87.3364f; v = std::nextafter(v, 0.0f)) x.push_back(v);
+    std::vector<float> p = x, q = x;
+    float max_p = 0.0f, max_q = 0.0f;
+    const float sum_p = kpa::detail::host_row_loops(isa).softmax(p.data(), static_cast<int>(p.size()), 0.0f, &max_p);
+    const float sum_q =
+        kpa::detail::host_row_loops(HostIsa::Avx2).softmax(q.data(), static_cast<int>(q.size()), 0.0f, &max_q);
+    EXPECT_EQ(max_p, max_q) << name_of(isa);
+    EXPECT_NEAR(sum_p, sum_q, 1e-6f * sum_q) << name_of(isa) << ": the same terms, summed in another order";
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      std::uint32_t a, b;
+      std::memcpy(&a, &p[i], 4);
+      std::memcpy(&b, &q[i], 4);
+      ASSERT_EQ(a, b) << name_of(isa) << " x = " << x[i];
+    }
+  }
 }
 
 // ALiBi's ramp, then the softmax with a floor on its max.

@@ -276,12 +276,13 @@ KPA_IMPL_AVX512_INLINE inline void add_scaled_span(const float* src, float scale
 
 // ---- The 16-lane mappings of the register tiles (x86_tiles.inc) ----
 
-/// x86::exp8 on 16 lanes: the same polynomial, so the same value in every lane.
-KPA_IMPL_AVX512_INLINE inline __m512 exp16(__m512 x) {
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
-  const __mmask16 huge = _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.3762626647949f), _CMP_GT_OQ);
-  const __m512 r0 = _mm512_maskz_mov_ps(static_cast<__mmask16>(~(nan | tiny | huge)), x);  // no conversion of NaN or inf
+/// x86::exp8 on 16 lanes for the arguments a softmax takes, x <= 0 (a logit less its row's max),
+/// -inf or NaN: the same polynomial, so the same value in every lane; 0 below -87.33 and NaN for
+/// NaN, without raising floating-point exceptions. No argument overflows, so vscalefps applies
+/// the exponent and only the underflow needs a mask.
+KPA_IMPL_AVX512_INLINE inline __m512 exp16_nonpositive(__m512 x) {
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);  // -inf included
+  const __m512 r0 = _mm512_mask_mov_ps(x, tiny, _mm512_setzero_ps());  // no infinity through the reduction
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(r0, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), r0);
@@ -293,10 +294,7 @@ KPA_IMPL_AVX512_INLINE inline __m512 exp16(__m512 x) {
   y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
   y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  __m512 result = _mm512_maskz_mul_ps(static_cast<__mmask16>(~tiny), y, _mm512_castsi512_ps(exponent));
-  result = _mm512_mask_mov_ps(result, huge, _mm512_set1_ps(__builtin_inff()));
-  return _mm512_mask_mov_ps(result, nan, x);
+  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~tiny), y, n);  // y * 2^n: exact, or the same rounding
 }
 
 /// avx2::row_softmax on 16 lanes (RowLoops::softmax).
@@ -317,8 +315,8 @@ KPA_IMPL_AVX512 inline float row_softmax(float* p, int n, float floor, float* ma
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   int i = 0;
   for (; i + 32 <= n; i += 32) {
-    const __m512 e0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(p + i), mv));
-    const __m512 e1 = exp16(_mm512_sub_ps(_mm512_loadu_ps(p + i + 16), mv));
+    const __m512 e0 = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(p + i), mv));
+    const __m512 e1 = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(p + i + 16), mv));
     _mm512_storeu_ps(p + i, e0);
     _mm512_storeu_ps(p + i + 16, e1);
     s0 = _mm512_add_ps(s0, e0);
@@ -326,7 +324,7 @@ KPA_IMPL_AVX512 inline float row_softmax(float* p, int n, float floor, float* ma
   }
   for (; i < n; i += 16) {
     const __mmask16 lanes = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, p + i), mv));
+    const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, p + i), mv));
     _mm512_mask_storeu_ps(p + i, lanes, e);
     s0 = _mm512_add_ps(s0, _mm512_maskz_mov_ps(lanes, e));
   }
