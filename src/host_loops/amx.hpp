@@ -536,14 +536,17 @@ template <int H, class CacheT, class Tiles>
 KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin, int d_end) {
   static_assert(H <= 16, "a tile's 16 rows hold the rows of a pass");
   const int B = a.block_size, KS = value_step(B), group_words = packed_value_words(B);
-  const int row_codes = a.blocks * B, part_codes = H * row_codes;
-  std::vector<std::uint16_t>& probs = probability_tiles();
-  probs.resize(static_cast<std::size_t>(kParts) * part_codes);
+  // A row of codes per chunk slot and 32 more: rows a power of two of lines apart would share a
+  // few sets of the L1 cache, which the A tiles' rows then evict from each other.
+  const int row_codes = a.blocks * B + 32, part_codes = H * row_codes;
+  std::vector<std::uint16_t>& tiles = probability_tiles();
+  tiles.resize(static_cast<std::size_t>(kParts) * part_codes);
+  std::uint16_t* const probs = tiles.data();  // a local: the tile instructions' memory clobbers reload no TLS
   // Every part, even where the chunk's probabilities need fewer: which results an infinite value
   // turns into NaN (amx.hpp's header) does not depend on the other probabilities.
   const int parts = a.exact_probabilities ? kParts : 2;
-  split_rows_for<H, Tiles>(a.probs, a.probs_stride, (a.blocks - 1) * B + a.last_block_slots, row_codes, parts,
-                           probs.data(), row_codes, part_codes);
+  split_rows_for<H, Tiles>(a.probs, a.probs_stride, (a.blocks - 1) * B + a.last_block_slots, a.blocks * B, parts,
+                           probs, row_codes, part_codes);
   TileConfig config;
   for (int j = 0; j < kGroups; ++j) config.set(j, H, 64);
   for (int p = 0; p < parts; ++p) config.set(kA + p, H, 2 * KS);
@@ -572,7 +575,7 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
         for (int j = 0; j < groups; ++j) pack_values(block, B, d0 + 16 * j, pack_slots, values + j * group_words);
       }
       for (int step = 0; step * KS < slots; ++step) {
-        load_parts<Tiles>(probs.data() + lb * B + step * KS, parts, part_codes, row_codes);
+        load_parts<Tiles>(probs + lb * B + step * KS, parts, part_codes, row_codes);
         Accumulators<Tiles>::dot(groups, parts, [&](int j) { return values + j * group_words + step * KS * 8; });
       }
     }
