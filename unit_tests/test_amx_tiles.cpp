@@ -164,6 +164,35 @@ TEST(AmxTiles, MatchTheModel) {
   }
 }
 
+
+// configured_as, by which the loops skip loading a configuration the tiles have: true for the
+// configuration loaded last only, false once the tiles are released (the model and, on CPUs with
+// AMX, the instructions).
+template <class Tiles>
+void check_configured_as() {
+  TileConfig a, b;
+  a.set(0, 16, 64);
+  a.set(1, 16, 64);
+  b.set(0, 16, 64);
+  b.set(1, 8, 64);
+  Tiles::release();
+  EXPECT_FALSE(Tiles::configured_as(a)) << "released";
+  Tiles::configure(a);
+  EXPECT_TRUE(Tiles::configured_as(a));
+  EXPECT_FALSE(Tiles::configured_as(b));
+  Tiles::configure(b);
+  EXPECT_TRUE(Tiles::configured_as(b));
+  EXPECT_FALSE(Tiles::configured_as(a));
+  Tiles::release();
+  EXPECT_FALSE(Tiles::configured_as(b));
+}
+
+TEST(AmxTileModel, KnowsTheConfigurationItHas) { check_configured_as<TileModel>(); }
+
+TEST(AmxTiles, KnowTheConfigurationTheyHave) {
+  if (kpa::detail::cpu_host_isa() != kpa::HostIsa::Amx) GTEST_SKIP() << "this CPU has no AMX-BF16 (or no tile permission)";
+  check_configured_as<AmxTiles>();
+}
 #if !defined(__CUDACC__)  // the code around the tiles is AVX2, which host_loops.cpp leaves out of device compilers
 // The query in tile form (amx::prepare_query): its bf16 parts sum to it exactly, and there are as
 // many as it needs: one for a query of bf16 values, two for f16 values, three for floats; with

@@ -427,6 +427,21 @@ inline PackedBlocks& packed_values() {
   return blocks;
 }
 
+/// Makes `config` the tiles' configuration. A pass's calls keep the tiles configured between
+/// them (release_tiles ends the pass), so a configuration is loaded only where the last call of
+/// the thread's had another: q.k and p.V alternate, each over several blocks. Whatever else ran
+/// on the thread in between (another library's tiles) shows in the configuration it left.
+template <class Tiles>
+void use_configuration(const TileConfig& config) {
+  if (!Tiles::configured_as(config)) Tiles::configure(config);
+}
+
+/// HostLoops::end_pass of the tile loops: the tiles back to their initial state.
+template <class Tiles>
+void release_tiles() {
+  Tiles::release();
+}
+
 /// Tile numbers: kGroups accumulators (C: 16 slots of logits, or 16 dimensions of o, each), the
 /// query or the kParts probability parts (A), the cache operand (B).
 inline constexpr int kGroups = 4, kA = 4, kB = 7;
@@ -502,7 +517,7 @@ KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetche
   config.set(kB, 16, 64);
   alignas(64) float sums[kGroups][H][16];
   const auto* query = reinterpret_cast<const std::uint16_t*>(a.q_tiles.words);
-  Tiles::configure(config);
+  use_configuration<Tiles>(config);
   for (int slot0 = 0; slot0 < a.slots; slot0 += 16 * kGroups) {
     const int left = (a.slots - slot0 + 15) / 16, groups = left < kGroups ? left : kGroups;
     Accumulators<Tiles>::zero(groups);
@@ -517,7 +532,6 @@ KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetche
       }
     }
   }
-  Tiles::release();
   // A tile of several passes reads the cache once, as it packs; later passes read what it packed.
   if (a.tile.index < 0) prefetch.finish();
 }
@@ -553,7 +567,7 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
   config.set(kB, KS / 2, 64);
   alignas(64) float sums[kGroups][H][16];
   PackedBlocks& kept = packed_values();
-  Tiles::configure(config);
+  use_configuration<Tiles>(config);
   int d0 = d_begin;
   while (d0 + 16 <= d_end) {
     const int left = (d_end - d0) / 16, groups = left < kGroups ? left : kGroups;
@@ -589,7 +603,6 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
     }
     d0 += 16 * groups;
   }
-  Tiles::release();
   if (d0 < d_end) {
     avx2::chunk_values<H, CacheT, avx2::Avx2>(a, prefetch, d0, d_end);
   } else if (a.tile.index < 0) {
@@ -605,10 +618,12 @@ void use_tile_loops(HostLoops<H, CacheT>& loops, HostIsa isa, int head_size, int
       loops.isa = isa;
       loops.prepare_query = &prepare_query<H, Tiles>;
       loops.block_logits = &block_logits<H, CacheT, Tiles>;
+      loops.end_pass = &release_tiles<Tiles>;
     }
     if (has_value_tiles(block_size)) {
       loops.isa = isa;
       loops.chunk_values = &chunk_values<H, CacheT, Tiles>;
+      loops.end_pass = &release_tiles<Tiles>;
     }
   }
 }

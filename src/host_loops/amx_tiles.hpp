@@ -42,6 +42,12 @@ struct AmxTiles {
   /// (cpu_host_isa asks for both).
   static constexpr bool kAvx512Bf16 = true;
   static void configure(const TileConfig& config) { __asm__ volatile("ldtilecfg %0" ::"m"(config)); }
+  /// Whether the tiles are configured as `config` (sttilecfg stores zeros where none is).
+  static bool configured_as(const TileConfig& config) {
+    TileConfig current;
+    __asm__ volatile("sttilecfg %0" : "=m"(current));
+    return std::memcmp(&current, &config, sizeof config) == 0;
+  }
   static void release() { __asm__ volatile("tilerelease" ::: "memory"); }
   template <int T>
   static void zero() {
@@ -80,6 +86,10 @@ class TileModel {
     s.config = config;
     s.configured = true;
     std::memset(s.data, 0, sizeof s.data);  // ldtilecfg zeroes the tiles
+  }
+  static bool configured_as(const TileConfig& config) {
+    const State& s = state();
+    return s.configured && std::memcmp(&s.config, &config, sizeof config) == 0;
   }
   static void release() {
     State& s = state();

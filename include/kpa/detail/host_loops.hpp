@@ -211,6 +211,9 @@ struct HostLoops {
   QueryTiles (*prepare_query)(const float* q, int head_size) = nullptr;
   void (*block_logits)(const BlockLogitsArgs<CacheT>&, BlockPrefetcher&) = nullptr;
   void (*chunk_values)(const ChunkValuesArgs<CacheT>&, BlockPrefetcher&, int d_begin, int d_end) = nullptr;
+  /// What each member's thread runs once the pass is done (the tile sets: release the tiles,
+  /// which their loops keep configured from call to call); null where nothing is.
+  void (*end_pass)() = nullptr;
   RowLoops rows{};
 };
 

@@ -187,6 +187,7 @@ struct HostPath {
       });
       member.team_barrier();  // the next chunk overwrites logits and block ids
     }
+    if (loops.end_pass != nullptr) loops.end_pass();
   }
 };
 
