@@ -12,8 +12,8 @@
         the report
     scripts/performance_report.py vllm [SIDE_BY_SIDE_ARGS...]
         runs python/benchmarks/vllm_cpu_side_by_side.py (KPA_VLLM_PYTHON, default
-        .deps/vllm-0.32.0/bin/python: scripts/vllm.sh installs it), kpa and vLLM's own CPU attention
-        on the same decode steps and prefill chunks, and keeps its tables as
+        .deps/vllm-0.32.0/bin/python: scripts/vllm.sh installs it), kpa and vLLM's own CPU kernels
+        on the same decode steps, prefill chunks and cache writes, and keeps its tables as
         docs/measurements/vllm-DATE-MACHINE.json
     scripts/performance_report.py throughput [THROUGHPUT_ARGS...]
         runs python/benchmarks/vllm_throughput.py in the same environment: vLLM end to end with its
@@ -217,9 +217,10 @@ def render():
              "multiply-adds (AMX tiles or FMA, named in the column where the run records it), / the time.", ""]
     sections = [
         ("## kpa-bench", [], benches, bench_section),
-        ("## kpa and vLLM's own CPU attention",
-         ["`python/benchmarks/vllm_cpu_side_by_side.py`: the same steps through both kernels in one process,",
-          "each checked against float64 first; ratio = vLLM time / kpa time (above 1: kpa is faster)."],
+        ("## kpa and vLLM's own CPU kernels",
+         ["`python/benchmarks/vllm_cpu_side_by_side.py`: the same steps (each checked against float64 first)",
+          "and cache writes through both kernels in one process; ratio = vLLM time / kpa time (above 1: kpa",
+          "is faster)."],
          side_by_side, output_section),
         ("## vLLM end to end, with its own CPU attention and with kpa's",
          ["`python/benchmarks/vllm_throughput.py`: seconds of vLLM's generate call with each backend, each in",
