@@ -45,7 +45,7 @@ HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size, Pass
   if (isa == HostIsa::Amx || isa == HostIsa::AmxModel) {
     HostLoops<H, CacheT> loops = host_loops<H, CacheT>(vector_isa(isa), head_size, block_size, passes);
 #ifdef KPA_IMPL_X86_LOOPS
-    if (isa == HostIsa::Amx && passes == Passes::Several) amx::use_tile_loops<amx::AmxTiles>(loops, isa, head_size, block_size);
+    if (isa == HostIsa::Amx && tile_loops_serve(passes, H)) amx::use_tile_loops<amx::AmxTiles>(loops, isa, head_size, block_size);
 #endif
 #ifdef KPA_IMPL_SOFTWARE_MODELS
     if (isa == HostIsa::AmxModel) use_model_loops(loops, head_size, block_size, passes);

@@ -27,7 +27,7 @@ void use_model_loops(HostLoops<H, CacheT>& loops, int head_size, int block_size,
                       &avx2::block_logits<H, CacheT, avx2::Avx512Model>,
                       &avx2::chunk_values<H, CacheT, avx2::Avx512Model>);
   }
-  if (passes == Passes::Several) amx::use_tile_loops<amx::TileModel>(loops, HostIsa::AmxModel, head_size, block_size);
+  if (tile_loops_serve(passes, H)) amx::use_tile_loops<amx::TileModel>(loops, HostIsa::AmxModel, head_size, block_size);
 #else
   (void)loops;
   (void)passes;

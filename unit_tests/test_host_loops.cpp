@@ -58,8 +58,10 @@ std::vector<Passes> tables(HostIsa isa) {
   return tiles(isa) ? std::vector<Passes>{Passes::One, Passes::Several} : std::vector<Passes>{Passes::One};
 }
 
-/// Whether the loops are the tile products (AMX, or its model).
-bool on_tiles(HostIsa isa, Passes passes) { return tiles(isa) && passes == Passes::Several; }
+/// Whether the loops for passes of `rows` rows are the tile products (AMX, or its model).
+bool on_tiles(HostIsa isa, Passes passes, int rows) {
+  return tiles(isa) && kpa::detail::tile_loops_serve(passes, rows);
+}
 
 // The table runs the set asked for wherever that set has the loop: a test of one set never
 // measures another.
@@ -71,14 +73,17 @@ TEST_P(HostLoops, SelectsTheSetAskedFor) {
       isa() == HostIsa::AmxModel ? HostIsa::AmxModel : (vector == HostIsa::Avx512Vbmi ? HostIsa::Avx512 : vector);
   const HostIsa fp8 = isa() == HostIsa::Amx ? HostIsa::Avx512Vbmi : isa();  // fp8, tiles of one pass
   for (Passes passes : tables(isa())) {
-    const bool tile = on_tiles(isa(), passes);
+    const bool tile = on_tiles(isa(), passes, 4);
     EXPECT_EQ((host_loops<4, kpa::half>(isa(), 128, 16, passes).isa), want);  // tiles: bf16 and fp8
     EXPECT_EQ((host_loops<4, kpa::fp8_e4m3>(isa(), 128, 16, passes).isa), tile ? isa() : fp8);
     const HostIsa f32 = vector > HostIsa::Avx2 ? HostIsa::Avx2 : vector;  // f32 caches: at most AVX2
     EXPECT_EQ((host_loops<1, float>(isa(), 64, 16, passes).isa), f32);
+    // 16 rows fill the tiles: tile loops for passes of one as well.
+    const bool tile16 = on_tiles(isa(), passes, 16);
+    EXPECT_EQ(tile16, tiles(isa()));
     const auto bf16 = host_loops<16, kpa::bfloat16>(isa(), 128, 32, passes);
-    EXPECT_EQ(bf16.isa, tile ? isa() : want);
-    EXPECT_EQ(bf16.prepare_query != nullptr, tile);
+    EXPECT_EQ(bf16.isa, tile16 ? isa() : want);
+    EXPECT_EQ(bf16.prepare_query != nullptr, tile16);
     // Sizes the tiles do not take (head sizes not a multiple of 32, blocks not of 16): vector loops.
     const auto odd = host_loops<16, kpa::bfloat16>(isa(), 80, 12, passes);
     EXPECT_EQ(odd.isa, want);
@@ -544,7 +549,7 @@ void check_codes(HostIsa isa, Passes passes, const std::vector<unsigned>& codes)
   constexpr int kHeadSize = 32, kBlockSize = 16;  // q.k and p.V both on tiles in the tile sets
   constexpr int kX = static_cast<int>(16 / sizeof(S));  // elements of a key vector
   const auto kernels = kpa::detail::host_loops<1, S>(isa, kHeadSize, kBlockSize, passes);
-  const bool tile = on_tiles(isa, passes);
+  const bool tile = on_tiles(isa, passes, 1);
   kpa::detail::BlockPrefetcher idle;
   for (unsigned code : codes) {
     const S coded{static_cast<Bits>(code)};

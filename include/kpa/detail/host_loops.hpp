@@ -227,10 +227,14 @@ struct RowConversions {
 };
 
 /// Which passes loops serve: those of tiles of one pass (decode rows), or of tiles of several
-/// (the rows of a prefill chunk, which read the same blocks pass after pass). The AMX set's tile
-/// loops pack cache blocks into tile operands, which pays only where later passes reuse them:
-/// it serves passes of Several, and its vector set passes of One.
+/// (the rows of a prefill chunk, which read the same blocks pass after pass).
 enum class Passes { One, Several };
+
+/// Whether the AMX set's tile loops serve passes of `rows` rows (its vector set serves the
+/// others). They pack cache blocks into tile operands, which pays where later passes reuse the
+/// packing (Several) or where one pass fills the tiles' 16 rows (a GQA group of 4 with 4 query
+/// tokens, as speculative decoding brings).
+constexpr bool tile_loops_serve(Passes passes, int rows) { return passes == Passes::Several || rows == 16; }
 
 /// The best loops of at most `isa` for passes of H rows over caches of CacheT with this head
 /// and block size (a set whose tiles do not fit the sizes yields to a lesser one for that loop).
