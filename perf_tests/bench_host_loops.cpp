@@ -76,7 +76,7 @@ void qk(benchmark::State& state) {
   for (auto _ : state) {
     for (int b = 0; b < c.blocks; ++b) {
       kernels.block_logits({c.keys.data() + c.block_ids[b] * c.block_elements(), c.block_size, c.head_size,
-                            c.block_size, c.q.data(), c.probs.data() + b * c.block_size, kChunkTokens, q_tiles, 1.0f,
+                            c.block_size, c.q.data(), c.probs.data() + b * c.block_size, kChunkTokens, q_tiles,
                             tile},
                            idle);
     }
@@ -150,8 +150,11 @@ BENCHMARK_TEMPLATE(host_qk, 8, kpa::half)->Apply(shapes);
 BENCHMARK_TEMPLATE(host_pv, 8, kpa::half)->Apply(shapes);
 BENCHMARK_TEMPLATE(host_qk, 8, kpa::fp8_e4m3)->Apply(shapes);
 BENCHMARK_TEMPLATE(host_pv, 8, kpa::fp8_e4m3)->Apply(shapes);
-// A prefill pass of 16 rows (4 query tokens x a GQA group of 4) over a bf16 cache.
+// Prefill passes over a bf16 cache: 16 rows (4 query tokens x a GQA group of 4), and the 32 the
+// planner takes on the AMX levels.
 BENCHMARK_TEMPLATE(tile_qk, 16, kpa::bfloat16)->Apply(tile_shapes);
 BENCHMARK_TEMPLATE(tile_pv, 16, kpa::bfloat16)->Apply(tile_shapes);
+BENCHMARK_TEMPLATE(tile_qk, 32, kpa::bfloat16)->Apply(tile_shapes);
+BENCHMARK_TEMPLATE(tile_pv, 32, kpa::bfloat16)->Apply(tile_shapes);
 
 }  // namespace

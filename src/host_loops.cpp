@@ -105,7 +105,7 @@ RowConversions<T> host_row_conversions(HostIsa isa) {
 }
 
 // Every (rows per pass, cache storage type) the host path runs.
-static_assert(std::is_same_v<HostRowsPerPass, std::integer_sequence<int, 1, 2, 4, 6, 8, 16>>,
+static_assert(std::is_same_v<HostRowsPerPass, std::integer_sequence<int, 1, 2, 4, 6, 8, 16, 32>>,
               "instantiate host_loops for every value of HostRowsPerPass");
 #define KPA_IMPL_INSTANTIATE_HOST_LOOPS(CacheT)                                   \
   template HostLoops<1, CacheT> host_loops<1, CacheT>(HostIsa, int, int, Passes);   \
@@ -113,7 +113,8 @@ static_assert(std::is_same_v<HostRowsPerPass, std::integer_sequence<int, 1, 2, 4
   template HostLoops<4, CacheT> host_loops<4, CacheT>(HostIsa, int, int, Passes);   \
   template HostLoops<6, CacheT> host_loops<6, CacheT>(HostIsa, int, int, Passes);   \
   template HostLoops<8, CacheT> host_loops<8, CacheT>(HostIsa, int, int, Passes);   \
-  template HostLoops<16, CacheT> host_loops<16, CacheT>(HostIsa, int, int, Passes);
+  template HostLoops<16, CacheT> host_loops<16, CacheT>(HostIsa, int, int, Passes);   \
+  template HostLoops<32, CacheT> host_loops<32, CacheT>(HostIsa, int, int, Passes);
 KPA_IMPL_INSTANTIATE_HOST_LOOPS(float)
 KPA_IMPL_INSTANTIATE_HOST_LOOPS(half)
 KPA_IMPL_INSTANTIATE_HOST_LOOPS(bfloat16)

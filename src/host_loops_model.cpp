@@ -36,7 +36,7 @@ void use_model_loops(HostLoops<H, CacheT>& loops, int head_size, int block_size,
 #endif
 }
 
-static_assert(std::is_same_v<HostRowsPerPass, std::integer_sequence<int, 1, 2, 4, 6, 8, 16>>,
+static_assert(std::is_same_v<HostRowsPerPass, std::integer_sequence<int, 1, 2, 4, 6, 8, 16, 32>>,
               "instantiate use_model_loops for every value of HostRowsPerPass");
 #define KPA_IMPL_INSTANTIATE_MODEL_LOOPS(CacheT)                               \
   template void use_model_loops<1, CacheT>(HostLoops<1, CacheT>&, int, int, Passes);   \
@@ -44,7 +44,8 @@ static_assert(std::is_same_v<HostRowsPerPass, std::integer_sequence<int, 1, 2, 4
   template void use_model_loops<4, CacheT>(HostLoops<4, CacheT>&, int, int, Passes);   \
   template void use_model_loops<6, CacheT>(HostLoops<6, CacheT>&, int, int, Passes);   \
   template void use_model_loops<8, CacheT>(HostLoops<8, CacheT>&, int, int, Passes);   \
-  template void use_model_loops<16, CacheT>(HostLoops<16, CacheT>&, int, int, Passes);
+  template void use_model_loops<16, CacheT>(HostLoops<16, CacheT>&, int, int, Passes);   \
+  template void use_model_loops<32, CacheT>(HostLoops<32, CacheT>&, int, int, Passes);
 KPA_IMPL_INSTANTIATE_MODEL_LOOPS(float)
 KPA_IMPL_INSTANTIATE_MODEL_LOOPS(half)
 KPA_IMPL_INSTANTIATE_MODEL_LOOPS(bfloat16)

@@ -30,6 +30,12 @@ constexpr int kHostChunkTokens = 256;
 // in the caches (the AMX set's), and a longer chunk pays the per-chunk rescaling and the tile
 // accumulators' loads and stores half as often.
 constexpr int kHostSeveralPassesChunkTokens = 512;
+// Rows per pass on the host path: up to 16, a tile's rows; 32 on the AMX levels, whose tile loops
+// then load each tile of the cache operand once for two tiles of rows. The vector sets gain
+// nothing from passes of more than 16 rows: their register tiles hold far fewer rows, and a
+// chunk's blocks stay in their caches from one pass to the next.
+constexpr int kHostMaxRowsPerPass = 16;
+constexpr int kHostTileMaxRowsPerPass = 32;
 // fp8 caches read by passes of one or two rows (MHA, groups of 2) take half that: their steps are
 // bound by the widening arithmetic and the reads alike, and the shorter chunk overlaps the two
 // better. With more rows, or 16-bit caches, the longer chunk is the faster.
@@ -68,13 +74,14 @@ constexpr std::array<int, sizeof...(Rows)> values_of(std::integer_sequence<int, 
   return {Rows...};
 }
 
-/// The rows per pass among `candidates` that reads a tile's K/V the fewest times for its `rows`
-/// (query heads x query tokens), and pads the fewest rows among those.
+/// The rows per pass among `candidates` up to `most` that reads a tile's K/V the fewest times for
+/// its `rows` (query heads x query tokens), and pads the fewest rows among those.
 template <std::size_t N>
-int rows_per_pass_for(int rows, const std::array<int, N>& candidates) {
+int rows_per_pass_for(int rows, const std::array<int, N>& candidates, int most = std::numeric_limits<int>::max()) {
   int best = candidates[0];
   long long best_passes = ceil_div(rows, best), best_padding = best_passes * best - rows;
   for (int h : candidates) {
+    if (h > most) continue;
     const long long passes = ceil_div(rows, h), padding = passes * h - rows;
     if (passes < best_passes || (passes == best_passes && padding < best_padding)) {
       best = h;
@@ -255,7 +262,9 @@ void plan_team_shape(const DeviceProfile& profile, const ProblemShape& shape, co
     // One thread per team by default: decode attention streams the cache, and a core reads it fastest alone.
     plan.vector_length = options.vector_length > 0 ? options.vector_length : 1;
     plan.team_size = options.team_size > 0 ? options.team_size : 1;
-    plan.rows_per_pass = rows_per_pass_for(tile_rows, values_of(HostRowsPerPass{}));
+    const bool tile_level = plan.host_isa == HostIsa::Amx || plan.host_isa == HostIsa::AmxModel;
+    plan.rows_per_pass = rows_per_pass_for(tile_rows, values_of(HostRowsPerPass{}),
+                                           tile_level ? kHostTileMaxRowsPerPass : kHostMaxRowsPerPass);
     const int chunk = tile_rows > plan.rows_per_pass ? kHostSeveralPassesChunkTokens
                       : shape.cache_element_size == 1 && plan.rows_per_pass <= kHostFewRows ? kHostFewRowsFp8ChunkTokens
                                                                                            : kHostChunkTokens;

@@ -84,6 +84,7 @@ TEST_P(HostLoops, SelectsTheSetAskedFor) {
     const auto bf16 = host_loops<16, kpa::bfloat16>(isa(), 128, 32, passes);
     EXPECT_EQ(bf16.isa, tile16 ? isa() : want);
     EXPECT_EQ(bf16.prepare_query != nullptr, tile16);
+    EXPECT_EQ((host_loops<32, kpa::bfloat16>(isa(), 128, 32, passes).isa), on_tiles(isa(), passes, 32) ? isa() : want);
     // Sizes the tiles do not take (head sizes not a multiple of 32, blocks not of 16): vector loops.
     const auto odd = host_loops<16, kpa::bfloat16>(isa(), 80, 12, passes);
     EXPECT_EQ(odd.isa, want);
@@ -97,17 +98,11 @@ TEST_P(HostLoops, SelectsTheSetAskedFor) {
   }
 }
 
-/// Runs the set's q.k on `args`, preparing the query first where the set has that step: there
-/// from q * factor with a scale of 1 / factor (a power of two), which must give the same logits.
+/// Runs the set's q.k on `args`, preparing the query first where the set has that step (whose
+/// logits are then unscaled, as args.q holds no scale: the same logits).
 template <int H, class S>
-void run_block_logits(const kpa::detail::HostLoops<H, S>& loops, kpa::detail::BlockLogitsArgs<S> args,
-                      float factor = 4.0f) {
-  if (loops.prepare_query != nullptr) {
-    std::vector<float> unscaled(args.q, args.q + H * args.head_size);
-    for (float& v : unscaled) v *= factor;
-    args.q_tiles = loops.prepare_query(unscaled.data(), args.head_size);
-    args.scale = 1.0f / factor;
-  }
+void run_block_logits(const kpa::detail::HostLoops<H, S>& loops, kpa::detail::BlockLogitsArgs<S> args) {
+  if (loops.prepare_query != nullptr) args.q_tiles = loops.prepare_query(args.q, args.head_size);
   kpa::detail::BlockPrefetcher idle;
   loops.block_logits(args, idle);
 }
@@ -141,6 +136,38 @@ TEST_P(HostLoops, RowSoftCapMatchesTanh) {
   }
 }
 
+// The softmax's scale: the same bits as the softmax of the logits multiplied first (rounded), its
+// max in scaled units against the floor, for every row length (masked tails) and special values.
+TEST_P(HostLoops, RowSoftmaxScalesFirst) {
+  const auto rows = kpa::detail::host_row_loops(isa());
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uniform(-30.0f, 30.0f);
+  for (int n : {1, 7, 16, 63, 64, 65, 200}) {
+    for (float scale : {0.08838835f, 1.7f}) {
+      std::vector<float> x(n);
+      for (float& v : x) v = uniform(rng);
+      if (n > 5) {
+        x[2] = -kInf;
+        x[5] = kNan;
+      }
+      std::vector<float> scaled = x, premultiplied = x;
+      for (float& v : premultiplied) v *= scale;
+      float max_scaled = 0.0f, max_premultiplied = 0.0f;
+      const float floor = 0.5f * scale * uniform(rng);
+      const float sum = rows.softmax(scaled.data(), n, scale, floor, &max_scaled);
+      const float want = rows.softmax(premultiplied.data(), n, 1.0f, floor, &max_premultiplied);
+      EXPECT_EQ(max_scaled, max_premultiplied) << name_of(isa()) << " n " << n;
+      EXPECT_TRUE(sum == want || (std::isnan(sum) && std::isnan(want))) << name_of(isa()) << " n " << n;
+      for (int i = 0; i < n; ++i) {
+        std::uint32_t a, b;
+        std::memcpy(&a, &scaled[i], 4);
+        std::memcpy(&b, &premultiplied[i], 4);
+        ASSERT_EQ(a, b) << name_of(isa()) << " n " << n << " i " << i;
+      }
+    }
+  }
+}
+
 TEST_P(HostLoops, RowSoftmaxMatchesStdExpAndKeepsSpecialValues) {
   const HostIsa isa = this->isa();
   {
@@ -155,7 +182,7 @@ TEST_P(HostLoops, RowSoftmaxMatchesStdExpAndKeepsSpecialValues) {
     std::vector<float> p(x.size());
     for (std::size_t i = 0; i < x.size(); ++i) p[i] = x[i] + 0.5f;  // the row's max is 0.5
     float max = 0.0f;
-    const float sum = rows.softmax(p.data(), static_cast<int>(p.size()), -kInf, &max);
+    const float sum = rows.softmax(p.data(), static_cast<int>(p.size()), 1.0f, -kInf, &max);
     EXPECT_EQ(max, 0.5f) << name_of(isa) << ": NaN is ignored by the max";
     EXPECT_TRUE(std::isnan(sum)) << name_of(isa) << ": a NaN logit makes the sum NaN";
     for (std::size_t i = 0; i < x.size(); ++i) {
@@ -178,9 +205,9 @@ TEST_P(HostLoops, RowSoftmaxMatchesStdExpAndKeepsSpecialValues) {
     for (float v = -87.3366f; v <= -87.3364f; v = std::nextafter(v, 0.0f)) x.push_back(v);
     std::vector<float> p = x, q = x;
     float max_p = 0.0f, max_q = 0.0f;
-    const float sum_p = kpa::detail::host_row_loops(isa).softmax(p.data(), static_cast<int>(p.size()), 0.0f, &max_p);
+    const float sum_p = kpa::detail::host_row_loops(isa).softmax(p.data(), static_cast<int>(p.size()), 1.0f, 0.0f, &max_p);
     const float sum_q =
-        kpa::detail::host_row_loops(HostIsa::Avx2).softmax(q.data(), static_cast<int>(q.size()), 0.0f, &max_q);
+        kpa::detail::host_row_loops(HostIsa::Avx2).softmax(q.data(), static_cast<int>(q.size()), 1.0f, 0.0f, &max_q);
     EXPECT_EQ(max_p, max_q) << name_of(isa);
     EXPECT_NEAR(sum_p, sum_q, 1e-6f * sum_q) << name_of(isa) << ": the same terms, summed in another order";
     for (std::size_t i = 0; i < x.size(); ++i) {
@@ -205,7 +232,7 @@ TEST_P(HostLoops, RampThenSoftmaxTakesTheFloor) {
         std::vector<float> p = logits;
         float max = 0.0f;
         rows.add_ramp(p.data(), n, slope, position);
-        const float sum = rows.softmax(p.data(), n, floor, &max);
+        const float sum = rows.softmax(p.data(), n, 1.0f, floor, &max);
         double expected_max = floor, expected_sum = 0.0;
         for (int i = 0; i < n; ++i) expected_max = std::max(expected_max, logits[i] + slope * (position + i) + 0.0);
         if (expected_max == -kInf) {  // n = 0 with no floor (EXPECT_NEAR of infinities is NaN)
@@ -223,7 +250,7 @@ TEST_P(HostLoops, RampThenSoftmaxTakesTheFloor) {
       // Nothing attended: a max of -inf gives zeros and a zero sum.
       std::vector<float> masked(n, -kInf);
       float max = 0.0f;
-      EXPECT_EQ(rows.softmax(masked.data(), n, -kInf, &max), 0.0f) << name_of(isa);
+      EXPECT_EQ(rows.softmax(masked.data(), n, 1.0f, -kInf, &max), 0.0f) << name_of(isa);
       EXPECT_EQ(max, -kInf) << name_of(isa);
       for (float v : masked) EXPECT_EQ(v, 0.0f) << name_of(isa);
     }
@@ -356,6 +383,7 @@ TEST_P(HostLoops, Bf16Caches) {
   check_shapes<4, kpa::bfloat16>(isa(), {8, 96});
   check_shapes<6, kpa::bfloat16>(isa(), {16});
   check_shapes<16, kpa::bfloat16>(isa(), {64});
+  check_shapes<32, kpa::bfloat16>(isa(), {64, 48});  // two row tiles; 48: a last group of 16 dimensions
 }
 TEST_P(HostLoops, Fp8Caches) {
   check_shapes<1, kpa::fp8_e4m3>(isa(), {16, 48});
@@ -364,6 +392,7 @@ TEST_P(HostLoops, Fp8Caches) {
   check_shapes<2, kpa::fp8_e5m2>(isa(), {16, 64});
   check_shapes<8, kpa::fp8_e5m2>(isa(), {32});
   check_shapes<16, kpa::fp8_e5m2>(isa(), {16});
+  check_shapes<32, kpa::fp8_e4m3>(isa(), {32});
 }
 
 // Passes of one tile may share the blocks a set packed (TileKey), and only they: the same blocks
@@ -372,9 +401,9 @@ TEST_P(HostLoops, Fp8Caches) {
 // the cache memory changed under a new call or for another tile. Every set must give the values
 // of the memory as it is at each call, and no slot past a pass's own may show in its results,
 // NaN there included.
-template <class S>
+template <int H, class S>
 void check_packed_blocks_reuse(HostIsa isa) {
-  constexpr int H = 8, B = 32, D = 64;
+  constexpr int B = 32, D = 64;
   std::mt19937 rng(99);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
   const auto first_call = kpa::detail::host_loops<H, S>(isa, D, B, Passes::Several);
@@ -438,8 +467,9 @@ void check_packed_blocks_reuse(HostIsa isa) {
 }
 
 TEST_P(HostLoops, PassesOfATileShareOnlyTheirOwnPackedBlocks) {
-  check_packed_blocks_reuse<kpa::bfloat16>(isa());
-  check_packed_blocks_reuse<kpa::fp8_e4m3>(isa());
+  check_packed_blocks_reuse<8, kpa::bfloat16>(isa());
+  check_packed_blocks_reuse<8, kpa::fp8_e4m3>(isa());
+  check_packed_blocks_reuse<32, kpa::bfloat16>(isa());  // two row tiles, and their own packing of values
 }
 
 // Where the output is 16-bit, a set may keep 16 significant bits of each probability
@@ -569,7 +599,7 @@ void check_codes(HostIsa isa, Passes passes, const std::vector<unsigned>& codes)
         std::vector<S> keys(static_cast<std::size_t>(kHeadSize) * slots, S{0});
         for (int slot = 0; slot < slots; ++slot) keys[((lane / kX) * slots + slot) * kX + lane % kX] = coded;
         std::vector<float> logits(slots, -1.0f);
-        run_block_logits<1, S>(kernels, {keys.data(), slots, kHeadSize, slots, q.data(), logits.data(), slots}, 1.0f);
+        run_block_logits<1, S>(kernels, {keys.data(), slots, kHeadSize, slots, q.data(), logits.data(), slots});
         for (int slot = 0; slot < slots; ++slot) {
           if (std::isnan(expected_logit)) {
             EXPECT_TRUE(std::isnan(logits[slot])) << where << " slots " << slots << " slot " << slot;

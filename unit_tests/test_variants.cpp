@@ -308,22 +308,30 @@ TEST(VariantRules, RowFormEqualsScalarForm) {
           std::vector<float> qk(n);
           for (int i = 0; i < n; ++i) qk[i] = 20.0f * std::sin(0.37f * static_cast<float>(first + i) + head);
           for (kpa::HostIsa isa : isas) {
-            std::vector<float> got = qk;
-            v.apply_to_row(kpa::detail::host_row_loops(isa), got.data(), n, first, B, row);
-            for (int i = 0; i < n; ++i) {
-              const int key = first + i;
-              const std::string what = std::string(rule.name) + " (" + std::string(kpa::to_string(isa)) +
-                                       "): head " + std::to_string(head) + ", position " +
-                                       std::to_string(position) + ", key " + std::to_string(key);
-              if (v.in_window(row, key) && v.attends_block(row, key)) {
-                const float want = v.logit(qk[i], row, key);
-                // The row form's tanh is within 4e-7 x cap of the scalar one (HostLoops' test);
-                // then both add the ALiBi bias, which may cancel most of the capped logit.
-                const float bias = AttentionVariant::alibi_bias(row.alibi_slope, static_cast<float>(key - position));
-                const float tolerance = 4e-7f * v.logits_soft_cap + 1e-6f * (1.0f + std::fabs(want) + std::fabs(bias));
-                EXPECT_NEAR(got[i], want, tolerance) << what;
-              } else {
-                EXPECT_EQ(got[i], -kInf) << what;
+            for (float scale : {1.0f, 0.25f}) {
+              // Logits 1 / scale times the scaled ones (exactly: a power of two), and the scale:
+              // applied where a transform follows, else returned for the softmax.
+              std::vector<float> got = qk;
+              for (float& x : got) x /= scale;
+              const float left = v.apply_to_row(kpa::detail::host_row_loops(isa), got.data(), n, first, B, row, scale);
+              const bool transforms = v.logits_soft_cap > 0.0f || row.alibi_slope != 0.0f;
+              EXPECT_EQ(left, transforms ? 1.0f : scale) << rule.name;
+              for (float& x : got) x *= left;
+              for (int i = 0; i < n; ++i) {
+                const int key = first + i;
+                const std::string what = std::string(rule.name) + " (" + std::string(kpa::to_string(isa)) +
+                                         "): head " + std::to_string(head) + ", position " +
+                                         std::to_string(position) + ", key " + std::to_string(key);
+                if (v.in_window(row, key) && v.attends_block(row, key)) {
+                  const float want = v.logit(qk[i], row, key);
+                  // The row form's tanh is within 4e-7 x cap of the scalar one (HostLoops' test);
+                  // then both add the ALiBi bias, which may cancel most of the capped logit.
+                  const float bias = AttentionVariant::alibi_bias(row.alibi_slope, static_cast<float>(key - position));
+                  const float tolerance = 4e-7f * v.logits_soft_cap + 1e-6f * (1.0f + std::fabs(want) + std::fabs(bias));
+                  EXPECT_NEAR(got[i], want, tolerance) << what;
+                } else {
+                  EXPECT_EQ(got[i], -kInf) << what;
+                }
               }
             }
           }

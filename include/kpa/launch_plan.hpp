@@ -160,9 +160,10 @@ struct PlanOptions {
 /// Rows per pass (query heads of a GQA group x the sequence's query tokens) each kernel path is
 /// compiled for; the planner chooses among these and the launch instantiates exactly these. Host:
 /// 6 for groups of 3, 5, 6 and 12 without padding to 8, 16 for groups of 16 and 4 query tokens of
-/// a group of 4 with one read of K/V. Device: powers of two up to 8 keep its instantiations and
-/// registers few; more rows take several passes.
-using HostRowsPerPass = std::integer_sequence<int, 1, 2, 4, 6, 8, 16>;
+/// a group of 4 with one read of K/V, 32 for the rows of prefill chunks on the AMX levels (two
+/// tile rows per load of the cache operand). Device: powers of two up to 8 keep its
+/// instantiations and registers few; more rows take several passes.
+using HostRowsPerPass = std::integer_sequence<int, 1, 2, 4, 6, 8, 16, 32>;
 using DeviceRowsPerPass = std::integer_sequence<int, 1, 2, 4, 8>;
 
 /// The team scratch of one tile pass, as the planner lays it out (offsets and counts in 4-byte

@@ -6,8 +6,9 @@
 // parts, which takes AVX512-BF16's conversion beside the instructions (split_rows_for).
 //
 // Tiles (tdpbf16ps: C[M][N] += A[M][2K] . B[K][N][2], f32 sums of bf16 pairs), the pass's H rows
-// as the rows of A and C, so that every operand a pass makes itself is read row by row:
-//   q.k    C = logits [H rows][16 slots], times the scale as they are copied out; A = the query
+// (up to 32: one or two tiles of rows, PassTiles) as the rows of A and C, so that every operand a
+// pass makes itself is read row by row, and every buffer of operands starts on a cache line:
+//   q.k    C = logits [H rows][16 slots], stored unscaled (the row softmax scales them); A = the query
 //          rows, unscaled, 32 dimensions per step (prepare_query, once per pass); B = 16 slots of
 //          keys in dimension pairs (pack_keys: vLLM's [D/x][B][x] layout transposed, fp8 codes
 //          widened to their exact bf16 values);
@@ -20,7 +21,7 @@
 // one pass (decode) packs into a buffer it reuses.
 // Precision: q and p are f32; each is split into bf16 parts (round to nearest, the remainder
 // rounded again, the last remainder exact): the query into as many as it needs to be exact (one
-// for a bf16 query, two for f16: the scale is applied to the sums, so the query keeps its own
+// for a bf16 query, two for f16: the scale multiplies the sums, so the query keeps its own
 // precision), p into three, exact, or two where the output is 16-bit (16 significant bits,
 // ChunkValuesArgs::exact_probabilities). bf16 and fp8 cache values are exact in bf16, so every
 // product is exact and the sums are f32 sums, as in the FMA loops, in another order. What
@@ -46,6 +47,25 @@ inline constexpr bool has_loops = std::is_same_v<CacheT, bfloat16> || std::is_sa
 
 /// Parts an f32 operand is split into (three bf16 hold a float's 24 significant bits).
 inline constexpr int kParts = 3;
+
+/// A thread's buffer of tile operands, starting on a 64-byte boundary: a tile row of 64 bytes is
+/// then one cache line, where a row across two lines has a tile load touch twice the lines and
+/// take about twice as long. It grows as asked, keeping nothing.
+template <class T>
+class AlignedBuffer {
+ public:
+  /// Room for n elements.
+  T* get(std::size_t n) {
+    if (n + kSlack > storage_.size()) storage_.resize(n + kSlack);
+    const std::uintptr_t address = reinterpret_cast<std::uintptr_t>(storage_.data());
+    return reinterpret_cast<T*>((address + 63) & ~std::uintptr_t{63});
+  }
+
+ private:
+  static_assert(64 % sizeof(T) == 0, "whole elements to a line");
+  static constexpr std::size_t kSlack = 64 / sizeof(T);
+  std::vector<T> storage_;
+};
 
 /// The bf16 bits of 8 floats rounded to nearest even, in the low halves of 32-bit lanes; NaN
 /// stays a quiet NaN.
@@ -146,11 +166,11 @@ inline constexpr int kMaxHeadSize = 256;
 /// parts after the last one with a nonzero code are left out (QueryTiles::parts).
 template <int H, class Tiles>
 QueryTiles prepare_query(const float* q, int head_size) {
-  thread_local std::vector<std::uint32_t> tiles;
-  tiles.resize(static_cast<std::size_t>(kParts) * H * head_size / 2);
-  auto* codes = reinterpret_cast<std::uint16_t*>(tiles.data());
+  thread_local AlignedBuffer<std::uint32_t> tiles;
+  std::uint32_t* const words = tiles.get(static_cast<std::size_t>(kParts) * H * head_size / 2);
+  auto* codes = reinterpret_cast<std::uint16_t*>(words);
   const int parts = split_rows_for<H, Tiles>(q, head_size, head_size, head_size, kParts, codes, head_size, H * head_size);
-  return QueryTiles{tiles.data(), parts};
+  return QueryTiles{words, parts};
 }
 
 /// 8 floats holding exact bf16 values as their 8 bf16 codes.
@@ -184,8 +204,8 @@ inline std::uint16_t bf16_code(CacheT x) {
   return static_cast<std::uint16_t>(compat::bit_cast<std::uint32_t>(to_float(x)) >> 16);
 }
 
-/// Transposes 8 rows of 4 words, rows 2i and 2i + 1 in the halves of in[i]: out[j] holds word j
-/// of the rows in the order 0 2 4 6 1 3 5 7 (kSlotOrder).
+/// Transposes 8 rows of 4 words, rows i and i + 4 in the low and high halves of in[i]: out[j]
+/// holds word j of rows 0 to 7.
 KPA_IMPL_AVX2_INLINE inline void transpose_8x4(const __m256i (&in)[4], __m256i (&out)[4]) {
   const __m256i t0 = _mm256_unpacklo_epi32(in[0], in[1]), t1 = _mm256_unpackhi_epi32(in[0], in[1]);
   const __m256i t2 = _mm256_unpacklo_epi32(in[2], in[3]), t3 = _mm256_unpackhi_epi32(in[2], in[3]);
@@ -194,11 +214,6 @@ KPA_IMPL_AVX2_INLINE inline void transpose_8x4(const __m256i (&in)[4], __m256i (
   out[2] = _mm256_unpacklo_epi64(t1, t3);
   out[3] = _mm256_unpackhi_epi64(t1, t3);
 }
-
-/// Where transpose_8x4 leaves each row: lane i of its output holds row kSlotOrder[i]; reading
-/// lanes kSlotOrderInverse puts them back in order.
-inline constexpr int kSlotOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
-inline constexpr int kSlotOrderInverse[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 /// Transposes 8 rows of 8 words (in[r], row r) into 8 columns (out[c]: word c of rows 0..7).
 KPA_IMPL_AVX2_INLINE inline void transpose_8x8(const __m256i (&in)[8], __m256i (&out)[8]) {
@@ -227,10 +242,10 @@ KPA_IMPL_AVX2_INLINE inline void transpose_8x8(const __m256i (&in)[8], __m256i (
 inline int packed_key_words(int block_size, int head_size) { return (block_size + 15) / 16 * 16 * head_size / 2; }
 
 /// The first `slots` slots of a key block as q.k's B tiles: word (group * steps + step) * 256 +
-/// k * 16 + c holds dimensions 32 step + 2k and 32 step + 2k + 1 of slot 16 group + 8 (c / 8) +
-/// kSlotOrder[c % 8]. The columns of slots past `slots` are zeros where their 8-slot half holds
-/// a slot, else left as they were: a column of C depends on its own column of B alone, and q.k
-/// copies out only the slots asked for.
+/// k * 16 + c holds dimensions 32 step + 2k and 32 step + 2k + 1 of slot 16 group + c, so that
+/// the columns of C are slots in order. The columns of slots past `slots` are zeros where their
+/// 8-slot half holds a slot, else left as they were: a column of C depends on its own column of B
+/// alone, and q.k keeps only the slots asked for.
 template <class CacheT>
 KPA_IMPL_AVX2 void pack_keys(const CacheT* block, int block_size, int head_size, int slots, std::uint32_t* dst) {
   constexpr int X = kWidened<CacheT>;  // elements of a key vector
@@ -250,6 +265,12 @@ KPA_IMPL_AVX2 void pack_keys(const CacheT* block, int block_size, int head_size,
                                                                                                   2 * i + 1, 2 * i + 1, 2 * i + 1));
             rows[i] = _mm256_maskload_epi32(reinterpret_cast<const int*>(src + 16 * i), mask);
           }
+          // Slots 2i and 2i + 1 in rows[i]; transpose_8x4 takes slots i and i + 4.
+          const __m256i pairs[4] = {rows[0], rows[1], rows[2], rows[3]};
+          rows[0] = _mm256_permute2x128_si256(pairs[0], pairs[2], 0x20);
+          rows[1] = _mm256_permute2x128_si256(pairs[0], pairs[2], 0x31);
+          rows[2] = _mm256_permute2x128_si256(pairs[1], pairs[3], 0x20);
+          rows[3] = _mm256_permute2x128_si256(pairs[1], pairs[3], 0x31);
         } else {
           if (h == 0) {
             for (int s = 0; s < 8; ++s) {
@@ -262,8 +283,8 @@ KPA_IMPL_AVX2 void pack_keys(const CacheT* block, int block_size, int head_size,
           }
 #pragma GCC unroll 4
           for (int i = 0; i < 4; ++i) {
-            rows[i] = _mm256_set_m128i(_mm_load_si128(reinterpret_cast<const __m128i*>(&widened[2 * i + 1][8 * h])),
-                                       _mm_load_si128(reinterpret_cast<const __m128i*>(&widened[2 * i][8 * h])));
+            rows[i] = _mm256_set_m128i(_mm_load_si128(reinterpret_cast<const __m128i*>(&widened[i + 4][8 * h])),
+                                       _mm_load_si128(reinterpret_cast<const __m128i*>(&widened[i][8 * h])));
           }
         }
         __m256i words[4];
@@ -364,21 +385,18 @@ KPA_IMPL_AVX2 bool finite_values(const CacheT* block, int block_size, int d0, in
 /// entry past half its capacity (a tile whose blocks do not fit then packs them pass by pass).
 class PackedBlocks {
  public:
-  /// The buffer of `words` words for (block, slots, part) and whether it holds them already;
-  /// where not, the caller packs them into it.
+  /// The buffer of `words` words (a multiple of 16) for (block, slots, part), 64-byte aligned,
+  /// and whether it holds them already; where not, the caller packs them into it.
   std::uint32_t* find(const TileKey& tile, const void* block, int slots, int part, int words, bool& packed) {
     packed = false;
-    if (tile.index < 0) {  // nothing kept: one buffer, packed each time
-      if (single_.size() < static_cast<std::size_t>(words)) single_.resize(words);
-      return single_.data();
-    }
+    if (tile.index < 0) return single_.get(static_cast<std::size_t>(words));  // nothing kept: packed each time
     if (tile.call != call_ || tile.index != index_ || words != words_) {
       call_ = tile.call;
       index_ = tile.index;
       words_ = words;
       const std::size_t entries = kKeptWords / words > 2 ? kKeptWords / words : 2;
       tags_.assign(entries, Tag{});
-      data_.resize(entries * static_cast<std::size_t>(words));
+      data_ = kept_.get(entries * static_cast<std::size_t>(words));
       used_ = 0;
     }
     const std::uintptr_t address = reinterpret_cast<std::uintptr_t>(block) / 64 + static_cast<std::uintptr_t>(part);
@@ -387,7 +405,7 @@ class PackedBlocks {
       const Tag& tag = tags_[entry];
       if (tag.block == block && tag.slots == slots && tag.part == part) {
         packed = true;
-        return data_.data() + entry * static_cast<std::size_t>(words);
+        return data_ + entry * static_cast<std::size_t>(words);
       }
     }
     if (2 * (used_ + 1) > tags_.size()) {  // full enough that probes grow long: start again
@@ -397,7 +415,7 @@ class PackedBlocks {
     }
     ++used_;
     tags_[entry] = Tag{block, slots, part};
-    return data_.data() + entry * static_cast<std::size_t>(words);
+    return data_ + entry * static_cast<std::size_t>(words);
   }
 
  private:
@@ -414,8 +432,9 @@ class PackedBlocks {
   int words_ = 0;
   std::size_t used_ = 0;
   std::vector<Tag> tags_;
-  std::vector<std::uint32_t> data_;
-  std::vector<std::uint32_t> single_;
+  AlignedBuffer<std::uint32_t> kept_;
+  std::uint32_t* data_ = nullptr;  ///< kept_'s entries
+  AlignedBuffer<std::uint32_t> single_;
 };
 
 inline PackedBlocks& packed_keys() {
@@ -442,93 +461,170 @@ void release_tiles() {
   Tiles::release();
 }
 
-/// Tile numbers: kGroups accumulators (C: 16 slots of logits, or 16 dimensions of o, each), the
-/// query or the kParts probability parts (A), the cache operand (B).
-inline constexpr int kGroups = 4, kA = 4, kB = 7;
+/// The tiles of a pass of H rows, which fill one or two row tiles of up to 16 rows each: per row
+/// tile, accumulators for kGroups groups (C: 16 slots of logits, or 16 dimensions of o, each),
+/// the A operand (the pass's rows of the query or of the probabilities, bf16 parts) and the cache
+/// operand B of each group. Every load serves as many products as the 8 tiles allow:
+///   one row tile (H <= 16): C j = tile j (4 groups), the parts of A tiles 4-6, loaded once a
+///     step for all groups; B tile 7, loaded per group for all parts;
+///   two row tiles (H <= 32): C (r, j) = tile 2r + j (2 groups), A of row tile r tile 4 + r, one
+///     part at a time; B of group j tile 6 + j, loaded once a step for both row tiles and all
+///     parts: the cache operand, which comes from farther than the pass's own rows, is read
+///     half as often per product.
+template <class Tiles, int H>
+struct PassTiles {
+  static constexpr int kRowTiles = (H + 15) / 16;
+  static_assert(kRowTiles == 1 || kRowTiles == 2, "a pass of up to 32 rows");
+  static_assert(kParts == 3, "one row tile holds an A tile per part");
+  static constexpr int kGroups = kRowTiles == 1 ? 4 : 2;
+  /// Rows of row tile r.
+  static constexpr int rows_of(int r) { return r + 1 < kRowTiles ? 16 : H - 16 * (kRowTiles - 1); }
 
-/// For each accumulator j < groups (of kGroups): zero it, store it (row g to c + (j * H + g) * 16),
-/// or add to it the products of the first `parts` A tiles with B, B loaded from b(j) first.
-template <class Tiles>
-struct Accumulators {
-  template <int J = 0>
-  KPA_IMPL_AVX2_INLINE static void zero(int groups) {
-    if constexpr (J < kGroups) {
-      if (J < groups) Tiles::template zero<J>();
-      zero<J + 1>(groups);
-    }
-  }
-  template <int H, int J = 0>
-  KPA_IMPL_AVX2_INLINE static void store(int groups, float* c) {
-    if constexpr (J < kGroups) {
-      if (J < groups) Tiles::template store<J>(c + J * H * 16, 64);
-      store<H, J + 1>(groups, c);
-    }
-  }
-  template <int J = 0, class BAt>
-  KPA_IMPL_AVX2_INLINE static void dot(int groups, int parts, const BAt& b) {
-    static_assert(kParts == 3 && kA + kParts == kB, "a tile per part");
-    if constexpr (J < kGroups) {
-      if (J < groups) {
-        Tiles::template load<kB>(b(J), 64);
-        Tiles::template dot_bf16<J, kA, kB>();
-        if (parts > 1) Tiles::template dot_bf16<J, kA + 1, kB>();
-        if (parts > 2) Tiles::template dot_bf16<J, kA + 2, kB>();
+  /// The configuration for A operands of `parts` parts and a_bytes per row, and B operands of
+  /// b_rows rows (of 64 bytes).
+  static TileConfig config(int parts, int a_bytes, int b_rows) {
+    TileConfig c;
+    if constexpr (kRowTiles == 1) {
+      for (int j = 0; j < 4; ++j) c.set(j, H, 64);
+      for (int p = 0; p < parts; ++p) c.set(4 + p, H, a_bytes);
+      c.set(7, b_rows, 64);
+    } else {
+      for (int r = 0; r < 2; ++r) {
+        c.set(2 * r, rows_of(r), 64);
+        c.set(2 * r + 1, rows_of(r), 64);
+        c.set(4 + r, rows_of(r), a_bytes);
+        c.set(6 + r, b_rows, 64);
       }
-      dot<J + 1>(groups, parts, b);
+    }
+    return c;
+  }
+
+  /// Zeroes the accumulators of the first `groups` groups.
+  KPA_IMPL_AVX2_INLINE static void zero(int groups) {
+    if constexpr (kRowTiles == 1) {
+      zero_from<0>(groups);
+    } else {
+      Tiles::template zero<0>();
+      Tiles::template zero<2>();
+      if (groups > 1) {
+        Tiles::template zero<1>();
+        Tiles::template zero<3>();
+      }
+    }
+  }
+
+  /// Stores the accumulators of the first `groups` groups: row g of group j to c + g *
+  /// row_stride + j * group_stride (floats).
+  KPA_IMPL_AVX2_INLINE static void store(int groups, float* c, int row_stride, int group_stride) {
+    const std::int64_t stride = 4 * static_cast<std::int64_t>(row_stride);
+    if constexpr (kRowTiles == 1) {
+      store_from<0>(groups, c, stride, group_stride);
+    } else {
+      float* const lower = c + 16 * static_cast<std::int64_t>(row_stride);
+      Tiles::template store<0>(c, stride);
+      Tiles::template store<2>(lower, stride);
+      if (groups > 1) {
+        Tiles::template store<1>(c + group_stride, stride);
+        Tiles::template store<3>(lower + group_stride, stride);
+      }
+    }
+  }
+
+  /// Adds to the accumulators of the first `groups` groups the products of one step: A's part
+  /// p, row g at bf16 code a + p * part_codes + g * row_codes; group j's B at b(j).
+  template <class BAt>
+  KPA_IMPL_AVX2_INLINE static void dot(int groups, int parts, const std::uint16_t* a, int part_codes, int row_codes,
+                                       const BAt& b) {
+    const std::int64_t a_stride = 2 * static_cast<std::int64_t>(row_codes);
+    if constexpr (kRowTiles == 1) {
+      Tiles::template load<4>(a, a_stride);
+      if (parts > 1) Tiles::template load<5>(a + part_codes, a_stride);
+      if (parts > 2) Tiles::template load<6>(a + 2 * part_codes, a_stride);
+      dot_from<0>(groups, parts, b);
+    } else {
+      Tiles::template load<6>(b(0), 64);
+      if (groups > 1) Tiles::template load<7>(b(1), 64);
+      for (int p = 0; p < parts; ++p) {
+        const std::uint16_t* part = a + static_cast<std::int64_t>(p) * part_codes;
+        Tiles::template load<4>(part, a_stride);
+        Tiles::template load<5>(part + 16 * static_cast<std::int64_t>(row_codes), a_stride);
+        Tiles::template dot_bf16<0, 4, 6>();
+        Tiles::template dot_bf16<2, 5, 6>();
+        if (groups > 1) {
+          Tiles::template dot_bf16<1, 4, 7>();
+          Tiles::template dot_bf16<3, 5, 7>();
+        }
+      }
+    }
+  }
+
+ private:
+  template <int J>
+  KPA_IMPL_AVX2_INLINE static void zero_from(int groups) {
+    if constexpr (J < 4) {
+      if (J < groups) Tiles::template zero<J>();
+      zero_from<J + 1>(groups);
+    }
+  }
+  template <int J>
+  KPA_IMPL_AVX2_INLINE static void store_from(int groups, float* c, std::int64_t stride, int group_stride) {
+    if constexpr (J < 4) {
+      if (J < groups) Tiles::template store<J>(c + J * group_stride, stride);
+      store_from<J + 1>(groups, c, stride, group_stride);
+    }
+  }
+  template <int J, class BAt>
+  KPA_IMPL_AVX2_INLINE static void dot_from(int groups, int parts, const BAt& b) {
+    if constexpr (J < 4) {
+      if (J < groups) {
+        Tiles::template load<7>(b(J), 64);
+        Tiles::template dot_bf16<J, 4, 7>();
+        if (parts > 1) Tiles::template dot_bf16<J, 5, 7>();
+        if (parts > 2) Tiles::template dot_bf16<J, 6, 7>();
+      }
+      dot_from<J + 1>(groups, parts, b);
     }
   }
 };
 
-/// Loads the first `parts` A tiles, row g of part p from a + p * part_codes + g * row_codes.
-template <class Tiles>
-KPA_IMPL_AVX2_INLINE inline void load_parts(const std::uint16_t* a, int parts, int part_codes, int row_codes) {
-  Tiles::template load<kA>(a, 2 * row_codes);
-  if (parts > 1) Tiles::template load<kA + 1>(a + part_codes, 2 * row_codes);
-  if (parts > 2) Tiles::template load<kA + 2>(a + 2 * part_codes, 2 * row_codes);
-}
-
-/// Row g of a C tile (16 floats), in slot order where it came from pack_keys' columns, times
-/// `scale`, into dst[0, n).
-KPA_IMPL_AVX2_INLINE inline void copy_logits(const float* c_row, float scale, float* dst, int n) {
-  const __m256i order = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kSlotOrderInverse));
-  const __m256 s = _mm256_set1_ps(scale);
-  const __m256 lo = _mm256_mul_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(c_row), order), s);
-  const __m256 hi = _mm256_mul_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(c_row + 8), order), s);
-  _mm256_maskstore_ps(dst, first_lanes(n), lo);
-  _mm256_maskstore_ps(dst + 8, first_lanes(n - 8), hi);
+/// Row g of a C tile (16 floats) into dst[0, n).
+KPA_IMPL_AVX2_INLINE inline void copy_logits(const float* c_row, float* dst, int n) {
+  _mm256_maskstore_ps(dst, first_lanes(n), _mm256_loadu_ps(c_row));
+  _mm256_maskstore_ps(dst + 8, first_lanes(n - 8), _mm256_loadu_ps(c_row + 8));
 }
 
 /// q.k of a block, for head sizes that are multiples of 32 up to kMaxHeadSize: a.q_tiles holds
-/// the query as prepare_query left it, a.scale multiplies the sums. Up to kGroups groups of 16
-/// slots at a time, so each load of the query serves all of them.
+/// the query as prepare_query left it; the logits are the sums, unscaled. PassTiles' groups of
+/// 16 slots at a time.
 template <int H, class CacheT, class Tiles>
 KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
-  static_assert(H <= 16, "a tile's 16 rows hold the rows of a pass");
+  using Pass = PassTiles<Tiles, H>;
+  constexpr int kGroups = Pass::kGroups;
   const int D = a.head_size, steps = D / 32, parts = a.q_tiles.parts;
   // Every pass of a tile packs the block's slots of the tile: a column of C depends on its own
-  // column of B alone, and only the pass's slots are copied out.
+  // column of B alone, and only the pass's slots are kept.
   const int pack_slots = a.tile.index >= 0 && a.tile_slots > a.slots ? a.tile_slots : a.slots;
   bool packed = false;
   std::uint32_t* keys = packed_keys().find(a.tile, a.key_block, pack_slots, 0, packed_key_words(a.block_size, D), packed);
   if (!packed) pack_keys(a.key_block, a.block_size, D, pack_slots, keys);
-  TileConfig config;
-  for (int j = 0; j < kGroups; ++j) config.set(j, H, 64);
-  for (int p = 0; p < parts; ++p) config.set(kA + p, H, 64);
-  config.set(kB, 16, 64);
   alignas(64) float sums[kGroups][H][16];
   const auto* query = reinterpret_cast<const std::uint16_t*>(a.q_tiles.words);
-  use_configuration<Tiles>(config);
+  use_configuration<Tiles>(Pass::config(parts, 64, 16));
   for (int slot0 = 0; slot0 < a.slots; slot0 += 16 * kGroups) {
     const int left = (a.slots - slot0 + 15) / 16, groups = left < kGroups ? left : kGroups;
-    Accumulators<Tiles>::zero(groups);
+    Pass::zero(groups);
     for (int step = 0; step < steps; ++step) {
-      load_parts<Tiles>(query + step * 32, parts, H * D, D);
-      Accumulators<Tiles>::dot(groups, parts, [&](int j) { return keys + ((slot0 / 16 + j) * steps + step) * 256; });
+      Pass::dot(groups, parts, query + step * 32, H * D, D,
+                [&](int j) { return keys + ((slot0 / 16 + j) * steps + step) * 256; });
     }
-    Accumulators<Tiles>::template store<H>(groups, &sums[0][0][0]);
-    for (int j = 0; j < groups; ++j) {
-      for (int g = 0; g < H; ++g) {
-        copy_logits(sums[j][g], a.scale, a.logits + g * a.logits_stride + slot0 + 16 * j, a.slots - slot0 - 16 * j);
+    if (a.slots - slot0 >= 16 * groups) {  // whole groups: the tiles store the logits themselves
+      Pass::store(groups, a.logits + slot0, a.logits_stride, 16);
+    } else {
+      Pass::store(groups, &sums[0][0][0], 16, H * 16);
+      for (int j = 0; j < groups; ++j) {
+        for (int g = 0; g < H; ++g) {
+          copy_logits(sums[j][g], a.logits + g * a.logits_stride + slot0 + 16 * j, a.slots - slot0 - 16 * j);
+        }
       }
     }
   }
@@ -538,40 +634,36 @@ KPA_IMPL_AVX2 void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetche
 
 /// The chunk's probabilities as p.V's A tiles (kParts parts of H rows of the chunk's slots, bf16
 /// codes): a thread's buffer, reused.
-inline std::vector<std::uint16_t>& probability_tiles() {
-  thread_local std::vector<std::uint16_t> tiles;
+inline AlignedBuffer<std::uint16_t>& probability_tiles() {
+  thread_local AlignedBuffer<std::uint16_t> tiles;
   return tiles;
 }
 
 /// p.V of a chunk for output dimensions [d_begin, d_end), block sizes that are multiples of 16:
-/// up to kGroups groups of 16 dimensions at a time, so each load of the probabilities serves all
-/// of them; a last range of fewer than 16 dimensions runs the AVX2 loop.
+/// PassTiles' groups of 16 dimensions at a time; a last range of fewer than 16 dimensions runs
+/// the AVX2 loop.
 template <int H, class CacheT, class Tiles>
 KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetcher& prefetch, int d_begin, int d_end) {
-  static_assert(H <= 16, "a tile's 16 rows hold the rows of a pass");
+  using Pass = PassTiles<Tiles, H>;
+  constexpr int kGroups = Pass::kGroups;
   const int B = a.block_size, KS = value_step(B), group_words = packed_value_words(B);
   // A row of codes per chunk slot and 32 more: rows a power of two of lines apart would share a
   // few sets of the L1 cache, which the A tiles' rows then evict from each other.
   const int row_codes = a.blocks * B + 32, part_codes = H * row_codes;
-  std::vector<std::uint16_t>& tiles = probability_tiles();
-  tiles.resize(static_cast<std::size_t>(kParts) * part_codes);
-  std::uint16_t* const probs = tiles.data();  // a local: the tile instructions' memory clobbers reload no TLS
+  // A local: the tile instructions' memory clobbers reload no TLS.
+  std::uint16_t* const probs = probability_tiles().get(static_cast<std::size_t>(kParts) * part_codes);
   // Every part, even where the chunk's probabilities need fewer: which results an infinite value
   // turns into NaN (amx.hpp's header) does not depend on the other probabilities.
   const int parts = a.exact_probabilities ? kParts : 2;
   split_rows_for<H, Tiles>(a.probs, a.probs_stride, (a.blocks - 1) * B + a.last_block_slots, a.blocks * B, parts,
                            probs, row_codes, part_codes);
-  TileConfig config;
-  for (int j = 0; j < kGroups; ++j) config.set(j, H, 64);
-  for (int p = 0; p < parts; ++p) config.set(kA + p, H, 2 * KS);
-  config.set(kB, KS / 2, 64);
   alignas(64) float sums[kGroups][H][16];
   PackedBlocks& kept = packed_values();
-  use_configuration<Tiles>(config);
+  use_configuration<Tiles>(Pass::config(parts, 2 * KS, KS / 2));
   int d0 = d_begin;
   while (d0 + 16 <= d_end) {
     const int left = (d_end - d0) / 16, groups = left < kGroups ? left : kGroups;
-    Accumulators<Tiles>::zero(groups);
+    Pass::zero(groups);
     for (int lb = 0; lb < a.blocks; ++lb) {
       if (a.block_ids[lb] < 0) continue;  // attended by no row of the pass: never read
       const int slots = lb + 1 == a.blocks ? a.last_block_slots : B;
@@ -589,11 +681,11 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
         for (int j = 0; j < groups; ++j) pack_values(block, B, d0 + 16 * j, pack_slots, values + j * group_words);
       }
       for (int step = 0; step * KS < slots; ++step) {
-        load_parts<Tiles>(probs + lb * B + step * KS, parts, part_codes, row_codes);
-        Accumulators<Tiles>::dot(groups, parts, [&](int j) { return values + j * group_words + step * KS * 8; });
+        Pass::dot(groups, parts, probs + lb * B + step * KS, part_codes, row_codes,
+                  [&](int j) { return values + j * group_words + step * KS * 8; });
       }
     }
-    Accumulators<Tiles>::template store<H>(groups, &sums[0][0][0]);
+    Pass::store(groups, &sums[0][0][0], 16, H * 16);
     for (int j = 0; j < groups; ++j) {
       for (int g = 0; g < H; ++g) {
         float* o = a.o + g * a.head_size + d0 + 16 * j;

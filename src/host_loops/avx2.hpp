@@ -11,11 +11,16 @@ namespace kpa::detail::avx2 {
 
 using namespace x86;
 
-KPA_IMPL_AVX2 inline float row_softmax(float* p, int n, float floor, float* max) {
+KPA_IMPL_AVX2 inline float row_softmax(float* p, int n, float scale, float floor, float* max) {
   __m256 m = _mm256_set1_ps(floor);
+  const __m256 s = _mm256_set1_ps(scale);
   for (int i = 0; i < n; i += 8) {
     const __m256i mask = first_lanes(n - i);
-    const __m256 v = _mm256_maskload_ps(p + i, mask);
+    __m256 v = _mm256_maskload_ps(p + i, mask);
+    if (scale != 1.0f) {  // stored, so that the exponent below reads the rounded product
+      v = _mm256_mul_ps(v, s);
+      _mm256_maskstore_ps(p + i, mask, v);
+    }
     m = max_ignoring_nan(m, _mm256_blendv_ps(_mm256_set1_ps(floor), v, _mm256_castsi256_ps(mask)));
   }
   alignas(32) float lanes[8];

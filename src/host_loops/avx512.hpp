@@ -298,23 +298,42 @@ KPA_IMPL_AVX512_INLINE inline __m512 exp16_nonpositive(__m512 x) {
 }
 
 /// avx2::row_softmax on 16 lanes (RowLoops::softmax).
-KPA_IMPL_AVX512 inline float row_softmax(float* p, int n, float floor, float* max) {
-  __m512 m = _mm512_set1_ps(floor);
-  for (int i = 0; i < n; i += 16) {
-    const __mmask16 lanes = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
-    const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(floor), lanes, p + i);
-    m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ), v);  // NaN ignored, no FE_INVALID
+KPA_IMPL_AVX512 inline float row_softmax(float* p, int n, float scale, float floor, float* max) {
+  // Four running maxima, so that the compares of consecutive vectors do not wait for each other.
+  __m512 m[4] = {_mm512_set1_ps(floor), _mm512_set1_ps(floor), _mm512_set1_ps(floor), _mm512_set1_ps(floor)};
+  const __m512 s = _mm512_set1_ps(scale);
+  const bool scaled = scale != 1.0f;  // the products stored, so that the exponent reads them rounded
+  int i = 0;
+  for (; i + 64 <= n; i += 64) {
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      __m512 v = _mm512_loadu_ps(p + i + 16 * k);
+      if (scaled) {
+        v = _mm512_mul_ps(v, s);
+        _mm512_storeu_ps(p + i + 16 * k, v);
+      }
+      m[k] = _mm512_mask_mov_ps(m[k], _mm512_cmp_ps_mask(v, m[k], _CMP_GT_OQ), v);  // NaN ignored, no FE_INVALID
+    }
   }
+  for (; i < n; i += 16) {
+    const __mmask16 lanes = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(floor), lanes, p + i);
+    if (scaled) {
+      v = _mm512_mask_mul_ps(v, lanes, v, s);
+      _mm512_mask_storeu_ps(p + i, lanes, v);
+    }
+    m[0] = _mm512_mask_mov_ps(m[0], _mm512_cmp_ps_mask(v, m[0], _CMP_GT_OQ), v);
+  }
+  for (int k = 1; k < 4; ++k) m[0] = _mm512_mask_mov_ps(m[0], _mm512_cmp_ps_mask(m[k], m[0], _CMP_GT_OQ), m[k]);
   alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, m);
+  _mm512_store_ps(lanes, m[0]);
   float row_max = floor;
   for (float lane : lanes) row_max = kpa::detail::max_ignoring_nan(row_max, lane);
   *max = row_max;
-  if (row_max == -__builtin_inff()) return avx2::row_softmax(p, n, floor, max);  // nothing attended
+  if (row_max == -__builtin_inff()) return avx2::row_softmax(p, n, 1.0f, floor, max);  // nothing attended
   const __m512 mv = _mm512_set1_ps(row_max);
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-  int i = 0;
-  for (; i + 32 <= n; i += 32) {
+  for (i = 0; i + 32 <= n; i += 32) {
     const __m512 e0 = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(p + i), mv));
     const __m512 e1 = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(p + i + 16), mv));
     _mm512_storeu_ps(p + i, e0);

@@ -36,9 +36,12 @@ void block_logits(const BlockLogitsArgs<CacheT>& a, BlockPrefetcher& prefetch) {
   }
 }
 
-inline float row_softmax(float* p, int n, float floor, float* max) {
+inline float row_softmax(float* p, int n, float scale, float floor, float* max) {
   float m = floor;
-  for (int i = 0; i < n; ++i) m = max_ignoring_nan(m, p[i]);
+  for (int i = 0; i < n; ++i) {
+    if (scale != 1.0f) p[i] *= scale;
+    m = max_ignoring_nan(m, p[i]);
+  }
   *max = m;
   float sum = 0.0f;
   for (int i = 0; i < n; ++i) {

@@ -152,10 +152,9 @@ struct BlockLogitsArgs {
   const float* q;           ///< [H][head_size], scale (and the fp8 key scale) applied
   float* logits;            ///< q_g . k_i at logits[g * logits_stride + i]
   int logits_stride;
-  /// For the sets with HostLoops::prepare_query: the query as that step left it, unscaled, and
-  /// the scale, which multiplies the sums.
+  /// For the sets with HostLoops::prepare_query: the query as that step left it, unscaled; their
+  /// logits are unscaled too (HostLoops::prepare_query).
   QueryTiles q_tiles{};
-  float scale = 1.0f;
   TileKey tile{};
   /// The block's slots that hold keys of the tile (>= slots; 0: slots): a set that packs blocks
   /// may pack these and leave the results past `slots` unused, so that every pass of a tile packs
@@ -193,10 +192,10 @@ struct RowLoops {
   void (*soft_cap)(float* p, int n, float cap);
   /// p[i] += slope * (offset + i) for i < n (ALiBi over a row of keys).
   void (*add_ramp)(float* p, int n, float slope, float offset);
-  /// *max = the largest of `floor` and every p[i] (NaN ignored); p[i] = exp(p[i] - *max) (when
-  /// *max is -inf nothing is attended: 0, or NaN for a NaN); returns the sum of the p[i] (NaN if
-  /// any p[i] is).
-  float (*softmax)(float* p, int n, float floor, float* max);
+  /// p[i] *= scale (rounded, where scale is not 1); then *max = the largest of `floor` and every
+  /// p[i] (NaN ignored); p[i] = exp(p[i] - *max) (when *max is -inf nothing is attended: 0, or NaN
+  /// for a NaN); returns the sum of the p[i] (NaN if any p[i] is).
+  float (*softmax)(float* p, int n, float scale, float floor, float* max);
 };
 
 /// The loops of one instruction set for passes of H rows over a cache of CacheT.
@@ -204,10 +203,12 @@ template <int H, class CacheT>
 struct HostLoops {
   HostIsa isa = HostIsa::Portable;  ///< the set the pointers below belong to
   std::uint64_t call = 0;            ///< a number of host_loops' that no other call shares (TileKey)
-  /// The pass's query rows ([H][head_size] floats, without the scale: block_logits applies it
-  /// to the sums) in the form block_logits reads (BlockLogitsArgs::q_tiles), once per pass, in a
-  /// buffer of the calling thread's that holds them until its next call; null where
-  /// block_logits reads BlockLogitsArgs::q, which holds the scale.
+  /// The pass's query rows ([H][head_size] floats, without the scale, so that a bf16 or f16
+  /// query stays exact) in the form block_logits reads (BlockLogitsArgs::q_tiles), once per
+  /// pass, in a buffer of the calling thread's that holds them until its next call. block_logits
+  /// then leaves the logits unscaled: the row loops apply the scale (RowLoops::softmax, or the
+  /// variant's rules where they transform logits). Null where block_logits reads
+  /// BlockLogitsArgs::q, which holds the scale.
   QueryTiles (*prepare_query)(const float* q, int head_size) = nullptr;
   void (*block_logits)(const BlockLogitsArgs<CacheT>&, BlockPrefetcher&) = nullptr;
   void (*chunk_values)(const ChunkValuesArgs<CacheT>&, BlockPrefetcher&, int d_begin, int d_end) = nullptr;
@@ -232,9 +233,9 @@ enum class Passes { One, Several };
 
 /// Whether the AMX set's tile loops serve passes of `rows` rows (its vector set serves the
 /// others). They pack cache blocks into tile operands, which pays where later passes reuse the
-/// packing (Several) or where one pass fills the tiles' 16 rows (a GQA group of 4 with 4 query
+/// packing (Several) or where one pass fills a tile's 16 rows (a GQA group of 4 with 4 query
 /// tokens, as speculative decoding brings).
-constexpr bool tile_loops_serve(Passes passes, int rows) { return passes == Passes::Several || rows == 16; }
+constexpr bool tile_loops_serve(Passes passes, int rows) { return passes == Passes::Several || rows >= 16; }
 
 /// The best loops of at most `isa` for passes of H rows over caches of CacheT with this head
 /// and block size (a set whose tiles do not fit the sizes yields to a lesser one for that loop).

@@ -51,8 +51,8 @@ struct HostPath {
   }
 
   /// The factor the query of a pass (of a tile of several passes or not) is loaded with: the
-  /// scale, or 1 where the loops' q.k applies it to the sums (HostLoops::prepare_query), so that
-  /// a bf16 or f16 query stays exact.
+  /// scale, or 1 where the loops' q.k leaves it to the rows' loops (HostLoops::prepare_query), so
+  /// that a bf16 or f16 query stays exact.
   KOKKOS_INLINE_FUNCTION float query_factor(float scale, bool of_several) const {
     return (of_several ? several_passes : one_pass).prepare_query != nullptr ? 1.0f : scale;
   }
@@ -115,6 +115,8 @@ struct HostPath {
     // The query in the form the loops' q.k reads, where their set has that step: each member
     // prepares its own copy (the pass's query is in scratch, the team past a barrier).
     const QueryTiles q_tiles = loops.prepare_query != nullptr ? loops.prepare_query(s.q, D) : QueryTiles{};
+    // Those loops leave the logits unscaled (HostLoops::prepare_query); the rows' loops scale them.
+    const float logit_scale = loops.prepare_query != nullptr ? c.scale : 1.0f;
     for (int chunk_begin = c.begin; chunk_begin < c.end; chunk_begin += CT) {
       const int tokens = (c.end - chunk_begin < CT) ? c.end - chunk_begin : CT;
       const int blocks = (tokens + B - 1) / B;
@@ -142,7 +144,7 @@ struct HostPath {
           prefetch_bytes(c.value_head + block_id * c.block_stride, block_bytes);
         }
         loops.block_logits(BlockLogitsArgs<CacheT>{c.key_head + block_id * c.block_stride, B, D, slots, s.q,
-                                                   s.probs + lb * B, CT, q_tiles, c.scale, TileKey{loops.call, c.tile},
+                                                   s.probs + lb * B, CT, q_tiles, TileKey{loops.call, c.tile},
                                                    tile_slots_from(c, key)},
                            prefetcher);
       });
@@ -155,9 +157,9 @@ struct HostPath {
           Kokkos::TeamThreadRange(member, H),
           [&](int g, SoftmaxStates<H>& state) {
             float* row = s.probs + g * CT;
-            c.variant.apply_to_row(loops.rows, row, tokens, chunk_begin, B, c.row[g]);
+            const float scale = c.variant.apply_to_row(loops.rows, row, tokens, chunk_begin, B, c.row[g], logit_scale);
             float max = 0.0f;
-            const float sum = loops.rows.softmax(row, tokens, running.head[g].max_logit, &max);
+            const float sum = loops.rows.softmax(row, tokens, scale, running.head[g].max_logit, &max);
             state.head[g].merge(SoftmaxState{max, sum});
           },
           SoftmaxReducer<Space, SoftmaxStates<H>>(chunk));

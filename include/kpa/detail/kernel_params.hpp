@@ -75,9 +75,10 @@ struct TileScratch {
 
   template <class Member>
   KOKKOS_INLINE_FUNCTION static TileScratch carve(const Member& member, int level, const TileScratchLayout& layout) {
-    // 16-byte alignment: the device path reads scratch floats four at a time.
-    float* floats = static_cast<float*>(member.team_scratch(level).get_shmem_aligned(layout.floats * 4, 16));
-    int* ints = static_cast<int*>(member.team_scratch(level).get_shmem_aligned(layout.ints * 4, 16));
+    // Cache-line alignment (TileScratchLayout::bytes leaves room for it): the device path reads
+    // scratch floats four at a time, the host path's tile loops store rows of 64 bytes.
+    float* floats = static_cast<float*>(member.team_scratch(level).get_shmem_aligned(layout.floats * 4, 64));
+    int* ints = static_cast<int*>(member.team_scratch(level).get_shmem_aligned(layout.ints * 4, 64));
     return TileScratch{floats + layout.q,       floats + layout.o, floats + layout.probs,
                        floats + layout.running, ints,              floats + layout.ring,
                        static_cast<int>(layout.stage_floats)};
