@@ -369,7 +369,8 @@ void plan_host_scratch(const DeviceProfile& profile, const ProblemShape& shape, 
   layout.q = 0;
   layout.o = rows * shape.head_size;
   layout.probs = 2 * layout.o;
-  layout.running = layout.probs + rows * plan.chunk_tokens;
+  layout.probs_stride = static_cast<std::size_t>(round_up(plan.chunk_tokens, 32) + 16);
+  layout.running = layout.probs + rows * layout.probs_stride;
   layout.floats = layout.running + 3 * rows;
   layout.ints = static_cast<std::size_t>(plan.chunk_tokens / shape.block_size);
   plan.scratch_bytes = layout.bytes();

@@ -232,6 +232,31 @@ TEST(LaunchPlan, RowsPerPassReadsKvTheFewestTimes) {
   }
 }
 
+// The AMX levels take passes of up to 32 rows (their tile loops load each cache tile once for two
+// tiles of rows); the vector sets up to 16. The host path's rows of logits are an odd number of
+// cache lines apart.
+TEST(LaunchPlan, TileLevelsTakePassesOf32Rows) {
+  for (kpa::HostIsa isa : {kpa::HostIsa::Avx512Vbmi, kpa::HostIsa::Amx, kpa::HostIsa::AmxModel}) {
+    auto host = kpa::DeviceProfile::host(2);
+    host.host_isa = isa;
+    host.limits.best_host_isa = kpa::HostIsa::Amx;
+    const bool tiles = isa != kpa::HostIsa::Avx512Vbmi;
+    for (auto [group, tokens, rows] : {std::tuple{4, 1, 4}, {4, 4, 16}, {4, 8, tiles ? 32 : 16}, {4, 5, tiles ? 32 : 16},
+                                       {8, 16, tiles ? 32 : 16}, {24, 1, tiles ? 32 : 16}}) {
+      kpa::ProblemShape s = shape(3, group * 2, 2, 3000, 16);
+      s.num_tokens = 3 * tokens;
+      s.max_query_len = tokens;
+      const auto plan = kpa::plan_launch(host, s);
+      EXPECT_EQ(plan.rows_per_pass, rows) << kpa::to_string(isa) << ": " << group << " x " << tokens;
+      const std::size_t stride = plan.scratch_layout.probs_stride;
+      EXPECT_GE(stride, static_cast<std::size_t>(plan.chunk_tokens));
+      EXPECT_EQ(stride % 16, 0u);
+      EXPECT_EQ(stride / 16 % 2, 1u);
+      EXPECT_EQ(plan.scratch_layout.running, plan.scratch_layout.probs + rows * stride);
+    }
+  }
+}
+
 // Several query tokens: a tile's rows are tokens x the group's heads, all in one pass where they fit.
 TEST(LaunchPlan, RowsPerPassCountQueryTokens) {
   const auto host = kpa::DeviceProfile::host(2);

@@ -168,7 +168,7 @@ using DeviceRowsPerPass = std::integer_sequence<int, 1, 2, 4, 8>;
 
 /// The team scratch of one tile pass, as the planner lays it out (offsets and counts in 4-byte
 /// words). Host path: floats q [H][D] (pre-scaled query rows), o [H][D] (running unnormalised
-/// output), probs [H][chunk_tokens] (the chunk's logits, then probabilities), running [3][H]
+/// output), probs [H][probs_stride] (the chunk's logits, then probabilities), running [3][H]
 /// (each row's output factor when a pass stores); then ints: the chunk's physical block ids (-1:
 /// attended by no row of the pass). Device path: q [H][D], and per team member (warp) o [W][H][D]
 /// (o is warp 0's), probs [W][H][chunk_tokens], running [3][W][H], and ring [W][2][stage_floats],
@@ -180,6 +180,10 @@ struct TileScratchLayout {
   std::size_t running = 0;
   std::size_t ring = 0;          ///< device path only
   std::size_t stage_floats = 0;  ///< device path: one stage (keys, then values of chunk_tokens tokens)
+  /// Host path: floats from a row of probs to the next, at least chunk_tokens: an odd number of
+  /// cache lines, as rows a power of two of lines apart would fall into few sets of the L1
+  /// cache, which the tile loops' stores of 16 rows at a time then evict from each other.
+  std::size_t probs_stride = 0;
   std::size_t floats = 0;  ///< all the floats
   std::size_t ints = 0;    ///< the block ids
 

@@ -107,7 +107,7 @@ struct HostPath {
   KOKKOS_INLINE_FUNCTION void attend(const Member& member, const PassContext<H, CacheT>& c, SoftmaxStates<H>& running) const {
     using Space = typename Member::execution_space;
     const TileScratch& s = c.scratch;
-    const int B = c.block_size, CT = c.chunk_tokens, D = c.head_size;
+    const int B = c.block_size, CT = c.chunk_tokens, D = c.head_size, PS = s.probs_stride;
     const int block_bytes = B * D * static_cast<int>(sizeof(CacheT));
     const int members = member.team_size();
     const HostLoops<H, CacheT>& loops = c.tile >= 0 ? several_passes : one_pass;
@@ -144,7 +144,7 @@ struct HostPath {
           prefetch_bytes(c.value_head + block_id * c.block_stride, block_bytes);
         }
         loops.block_logits(BlockLogitsArgs<CacheT>{c.key_head + block_id * c.block_stride, B, D, slots, s.q,
-                                                   s.probs + lb * B, CT, q_tiles, TileKey{loops.call, c.tile},
+                                                   s.probs + lb * B, PS, q_tiles, TileKey{loops.call, c.tile},
                                                    tile_slots_from(c, key)},
                            prefetcher);
       });
@@ -156,7 +156,7 @@ struct HostPath {
       Kokkos::parallel_reduce(
           Kokkos::TeamThreadRange(member, H),
           [&](int g, SoftmaxStates<H>& state) {
-            float* row = s.probs + g * CT;
+            float* row = s.probs + g * PS;
             const float scale = c.variant.apply_to_row(loops.rows, row, tokens, chunk_begin, B, c.row[g], logit_scale);
             float max = 0.0f;
             const float sum = loops.rows.softmax(row, tokens, scale, running.head[g].max_logit, &max);
@@ -170,7 +170,7 @@ struct HostPath {
       // 3. o = o * weight + p . V, members taking ranges of output dimensions.
       prefetcher.allow(prefetch_lines);  // the rest
       const ChunkValuesArgs<CacheT> values{c.value_head, c.block_stride, s.block_ids, blocks,
-                                           tokens - (blocks - 1) * B, B, D, s.probs, CT, s.o,
+                                           tokens - (blocks - 1) * B, B, D, s.probs, PS, s.o,
                                            TileKey{loops.call, c.tile}, c.exact_probabilities,
                                            tile_slots_from(c, chunk_begin + (blocks - 1) * B)};
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, members), [&](int r) {

@@ -67,11 +67,12 @@ struct KernelParams {
 struct TileScratch {
   float* q;          ///< [H][D]
   float* o;          ///< [H][D]
-  float* probs;      ///< [H][chunk_tokens]
+  float* probs;      ///< host path: [H][probs_stride]; device path: TileScratchLayout's
   float* running;    ///< [3][H]
   int* block_ids;    ///< [chunk_blocks]
   float* ring;       ///< device path: [team members][2][stage_floats]
   int stage_floats;  ///< device path: one stage of the ring
+  int probs_stride;  ///< host path: floats from a row of probs to the next
 
   template <class Member>
   KOKKOS_INLINE_FUNCTION static TileScratch carve(const Member& member, int level, const TileScratchLayout& layout) {
@@ -81,7 +82,7 @@ struct TileScratch {
     int* ints = static_cast<int*>(member.team_scratch(level).get_shmem_aligned(layout.ints * 4, 64));
     return TileScratch{floats + layout.q,       floats + layout.o, floats + layout.probs,
                        floats + layout.running, ints,              floats + layout.ring,
-                       static_cast<int>(layout.stage_floats)};
+                       static_cast<int>(layout.stage_floats), static_cast<int>(layout.probs_stride)};
   }
 };
 
