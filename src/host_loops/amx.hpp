@@ -12,8 +12,9 @@
 //          rows, unscaled, 32 dimensions per step (prepare_query, once per pass); B = 16 slots of
 //          keys in dimension pairs (pack_keys: vLLM's [D/x][B][x] layout transposed, fp8 codes
 //          widened to their exact bf16 values);
-//   p.V    C = o [H rows][16 dimensions]; A = the chunk's probabilities, KS slots per step; B =
-//          16 dimension rows of values in slot pairs (pack_values: the [D][B] layout transposed).
+//   p.V    C = o [H rows][16 dimensions], loaded from o and stored back per span of blocks; A =
+//          the chunk's probabilities, KS slots per step; B = 16 dimension rows of values in slot
+//          pairs (pack_values: the [D][B] layout transposed).
 // Packing is what costs beside the tile products, so a thread keeps the blocks it packed for the
 // later passes of a tile of several (PackedBlocks: the rows of a prefill chunk read the same
 // blocks pass after pass), packing the block's slots of the whole tile (tile_slots) so that the
@@ -25,9 +26,10 @@
 // precision), p into three, exact, or two where the output is 16-bit (16 significant bits,
 // ChunkValuesArgs::exact_probabilities). bf16 and fp8 cache values are exact in bf16, so every
 // product is exact and the sums are f32 sums, as in the FMA loops, in another order. What
-// differs is the instruction's subnormal rule (inputs and sums below 2^-126 count as zero) and
-// infinities: a cache value of +-inf meets the zero parts of a split operand (the probabilities;
-// a query of more than one part) and gives NaN where the FMA loops give +-inf.
+// differs is the instruction's subnormal rule (inputs and sums below 2^-126 count as zero, o's
+// running sums included) and infinities: a cache value of +-inf meets the zero parts of a split
+// operand (the probabilities; a query of more than one part) and gives NaN where the FMA loops
+// give +-inf.
 
 #include "amx_tiles.hpp"
 #include "avx2.hpp"
@@ -298,6 +300,9 @@ KPA_IMPL_AVX2 void pack_keys(const CacheT* block, int block_size, int head_size,
   }
 }
 
+/// Slots of the spans of blocks over which p.V keeps its accumulators in the tiles (chunk_values).
+inline constexpr int kSpanSlots = 128;
+
 /// Block sizes chunk_values has tiles for: whole tile operands of 16 or 32 slots per block row.
 inline bool has_value_tiles(int block_size) { return block_size % 16 == 0; }
 
@@ -516,18 +521,11 @@ struct PassTiles {
   /// Stores the accumulators of the first `groups` groups: row g of group j to c + g *
   /// row_stride + j * group_stride (floats).
   KPA_IMPL_AVX2_INLINE static void store(int groups, float* c, int row_stride, int group_stride) {
-    const std::int64_t stride = 4 * static_cast<std::int64_t>(row_stride);
-    if constexpr (kRowTiles == 1) {
-      store_from<0>(groups, c, stride, group_stride);
-    } else {
-      float* const lower = c + 16 * static_cast<std::int64_t>(row_stride);
-      Tiles::template store<0>(c, stride);
-      Tiles::template store<2>(lower, stride);
-      if (groups > 1) {
-        Tiles::template store<1>(c + group_stride, stride);
-        Tiles::template store<3>(lower + group_stride, stride);
-      }
-    }
+    move<true>(groups, c, row_stride, group_stride);
+  }
+  /// Loads them from there.
+  KPA_IMPL_AVX2_INLINE static void load(int groups, float* c, int row_stride, int group_stride) {
+    move<false>(groups, c, row_stride, group_stride);
   }
 
   /// Adds to the accumulators of the first `groups` groups the products of one step: A's part
@@ -559,18 +557,41 @@ struct PassTiles {
   }
 
  private:
+  template <bool kStore, int T>
+  KPA_IMPL_AVX2_INLINE static void move_tile(float* p, std::int64_t stride) {
+    if constexpr (kStore) {
+      Tiles::template store<T>(p, stride);
+    } else {
+      Tiles::template load<T>(p, stride);
+    }
+  }
+  template <bool kStore>
+  KPA_IMPL_AVX2_INLINE static void move(int groups, float* c, int row_stride, int group_stride) {
+    const std::int64_t stride = 4 * static_cast<std::int64_t>(row_stride);
+    if constexpr (kRowTiles == 1) {
+      move_from<kStore, 0>(groups, c, stride, group_stride);
+    } else {
+      float* const lower = c + 16 * static_cast<std::int64_t>(row_stride);
+      move_tile<kStore, 0>(c, stride);
+      move_tile<kStore, 2>(lower, stride);
+      if (groups > 1) {
+        move_tile<kStore, 1>(c + group_stride, stride);
+        move_tile<kStore, 3>(lower + group_stride, stride);
+      }
+    }
+  }
+  template <bool kStore, int J>
+  KPA_IMPL_AVX2_INLINE static void move_from(int groups, float* c, std::int64_t stride, int group_stride) {
+    if constexpr (J < 4) {
+      if (J < groups) move_tile<kStore, J>(c + J * group_stride, stride);
+      move_from<kStore, J + 1>(groups, c, stride, group_stride);
+    }
+  }
   template <int J>
   KPA_IMPL_AVX2_INLINE static void zero_from(int groups) {
     if constexpr (J < 4) {
       if (J < groups) Tiles::template zero<J>();
       zero_from<J + 1>(groups);
-    }
-  }
-  template <int J>
-  KPA_IMPL_AVX2_INLINE static void store_from(int groups, float* c, std::int64_t stride, int group_stride) {
-    if constexpr (J < 4) {
-      if (J < groups) Tiles::template store<J>(c + J * group_stride, stride);
-      store_from<J + 1>(groups, c, stride, group_stride);
     }
   }
   template <int J, class BAt>
@@ -657,46 +678,44 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
   const int parts = a.exact_probabilities ? kParts : 2;
   split_rows_for<H, Tiles>(a.probs, a.probs_stride, (a.blocks - 1) * B + a.last_block_slots, a.blocks * B, parts,
                            probs, row_codes, part_codes);
-  alignas(64) float sums[kGroups][H][16];
   PackedBlocks& kept = packed_values();
   use_configuration<Tiles>(Pass::config(parts, 2 * KS, KS / 2));
-  int d0 = d_begin;
-  while (d0 + 16 <= d_end) {
-    const int left = (d_end - d0) / 16, groups = left < kGroups ? left : kGroups;
-    Pass::zero(groups);
-    for (int lb = 0; lb < a.blocks; ++lb) {
-      if (a.block_ids[lb] < 0) continue;  // attended by no row of the pass: never read
-      const int slots = lb + 1 == a.blocks ? a.last_block_slots : B;
-      const CacheT* block = a.value_head + a.block_ids[lb] * a.block_stride;
-      // A pass may take the packing of the block's slots of the tile where the slots past its
-      // own are finite: their probabilities are zeros, and zero times a finite value adds nothing.
-      int pack_slots = slots;
-      if (a.tile.index >= 0 && slots < B && a.last_block_tile_slots > slots &&
-          finite_values(block, B, d0, 16 * groups, slots, a.last_block_tile_slots)) {
-        pack_slots = a.last_block_tile_slots;
+  // The accumulators live in o, span of blocks by span: each group of dimensions loads them,
+  // adds the span's products and stores them back, so that the span's probabilities stay in L1
+  // from one group to the next.
+  const int span = B < kSpanSlots ? kSpanSlots / B : 1;
+  const int d_tiles = d_begin + (d_end - d_begin) / 16 * 16;  // the dimensions the tiles take
+  for (int lb0 = 0; lb0 < a.blocks; lb0 += span) {
+    const int lb_end = lb0 + span < a.blocks ? lb0 + span : a.blocks;
+    for (int d0 = d_begin; d0 < d_tiles; d0 += 16 * kGroups) {
+      const int left = (d_tiles - d0) / 16, groups = left < kGroups ? left : kGroups;
+      Pass::load(groups, a.o + d0, a.head_size, 16);
+      for (int lb = lb0; lb < lb_end; ++lb) {
+        if (a.block_ids[lb] < 0) continue;  // attended by no row of the pass: never read
+        const int slots = lb + 1 == a.blocks ? a.last_block_slots : B;
+        const CacheT* block = a.value_head + a.block_ids[lb] * a.block_stride;
+        // A pass may take the packing of the block's slots of the tile where the slots past its
+        // own are finite: their probabilities are zeros, and zero times a finite value adds nothing.
+        int pack_slots = slots;
+        if (a.tile.index >= 0 && slots < B && a.last_block_tile_slots > slots &&
+            finite_values(block, B, d0, 16 * groups, slots, a.last_block_tile_slots)) {
+          pack_slots = a.last_block_tile_slots;
+        }
+        bool packed = false;
+        std::uint32_t* values = kept.find(a.tile, block, pack_slots, d0, kGroups * group_words, packed);
+        if (!packed) {
+          for (int j = 0; j < groups; ++j) pack_values(block, B, d0 + 16 * j, pack_slots, values + j * group_words);
+        }
+        for (int step = 0; step * KS < slots; ++step) {
+          Pass::dot(groups, parts, probs + lb * B + step * KS, part_codes, row_codes,
+                    [&](int j) { return values + j * group_words + step * KS * 8; });
+        }
       }
-      bool packed = false;
-      std::uint32_t* values = kept.find(a.tile, block, pack_slots, d0, kGroups * group_words, packed);
-      if (!packed) {
-        for (int j = 0; j < groups; ++j) pack_values(block, B, d0 + 16 * j, pack_slots, values + j * group_words);
-      }
-      for (int step = 0; step * KS < slots; ++step) {
-        Pass::dot(groups, parts, probs + lb * B + step * KS, part_codes, row_codes,
-                  [&](int j) { return values + j * group_words + step * KS * 8; });
-      }
+      Pass::store(groups, a.o + d0, a.head_size, 16);
     }
-    Pass::store(groups, &sums[0][0][0], 16, H * 16);
-    for (int j = 0; j < groups; ++j) {
-      for (int g = 0; g < H; ++g) {
-        float* o = a.o + g * a.head_size + d0 + 16 * j;
-        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_load_ps(sums[j][g])));
-        _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), _mm256_load_ps(sums[j][g] + 8)));
-      }
-    }
-    d0 += 16 * groups;
   }
-  if (d0 < d_end) {
-    avx2::chunk_values<H, CacheT, avx2::Avx2>(a, prefetch, d0, d_end);
+  if (d_tiles < d_end) {
+    avx2::chunk_values<H, CacheT, avx2::Avx2>(a, prefetch, d_tiles, d_end);
   } else if (a.tile.index < 0) {
     prefetch.finish();
   }
