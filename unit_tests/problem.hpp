@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -43,6 +44,7 @@ struct ProblemSpec {
   float soft_cap = 0.0f;
   int window = 0;
   bool sinks = false;  ///< a random sink logit per head
+  std::optional<float> scale;  ///< the attention scale; none: 1 / sqrt(head_size)
 };
 
 template <class T>
@@ -79,7 +81,7 @@ HostProblem make_problem(const ProblemSpec& spec) {
   p.num_kv_heads = spec.num_kv_heads;
   p.head_size = spec.head_size;
   p.block_size = spec.block_size;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(spec.head_size));
+  p.scale = spec.scale.value_or(1.0f / std::sqrt(static_cast<float>(spec.head_size)));
   p.seq_lens = spec.seq_lens;
   int max_blocks = 0;
   int total_blocks = 0;

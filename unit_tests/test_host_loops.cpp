@@ -143,11 +143,11 @@ TEST_P(HostLoops, RowSoftmaxScalesFirst) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> uniform(-30.0f, 30.0f);
   for (int n : {1, 7, 16, 63, 64, 65, 200}) {
-    for (float scale : {0.08838835f, 1.7f}) {
+    for (float scale : {0.08838835f, 1.7f, -0.5f}) {  // a negative scale turns the order round
       std::vector<float> x(n);
       for (float& v : x) v = uniform(rng);
       if (n > 5) {
-        x[2] = -kInf;
+        x[2] = scale > 0.0f ? -kInf : kInf;  // a masked key, scaled: -inf
         x[5] = kNan;
       }
       std::vector<float> scaled = x, premultiplied = x;

@@ -112,6 +112,24 @@ TYPED_TEST(Variants, SeveralQueryTokensAreCausal) {
   }
 }
 
+// Any scale, on every level (the tile loops leave it to the row softmax where it is positive and
+// no transform follows, so that masked keys stay masked): negative, zero, large; bf16 caches and
+// rows of several query tokens, whose passes take the tiles (32 rows on the AMX levels).
+TYPED_TEST(Variants, AnyScale) {
+  for (float scale : {-0.3f, 0.0f, 2.5f}) {
+    ProblemSpec spec = base_spec();
+    spec.num_heads = 8;
+    spec.num_kv_heads = 2;
+    spec.seq_lens = {40, 200, 9};
+    spec.query_lens = {9, 40, 9};
+    spec.scale = scale;
+    SCOPED_TRACE("scale " + std::to_string(scale));
+    check_attention<kpa::bfloat16, TypeParam>(spec, 32);
+    spec.soft_cap = 20.0f;
+    check_attention<kpa::bfloat16, TypeParam>(spec, 32);
+  }
+}
+
 // Everything that composes, together: cap + window + sinks + ALiBi + several query tokens, on
 // f16 caches, fp8 caches and a block-sparse pattern (the query block being each token's own).
 TYPED_TEST(Variants, CombinationsWithFp8AndBlockSparse) {
@@ -308,14 +326,15 @@ TEST(VariantRules, RowFormEqualsScalarForm) {
           std::vector<float> qk(n);
           for (int i = 0; i < n; ++i) qk[i] = 20.0f * std::sin(0.37f * static_cast<float>(first + i) + head);
           for (kpa::HostIsa isa : isas) {
-            for (float scale : {1.0f, 0.25f}) {
+            for (float scale : {1.0f, 0.25f, -0.5f}) {
               // Logits 1 / scale times the scaled ones (exactly: a power of two), and the scale:
-              // applied where a transform follows, else returned for the softmax.
+              // returned for the softmax where it is positive and no transform follows, else
+              // applied first.
               std::vector<float> got = qk;
               for (float& x : got) x /= scale;
               const float left = v.apply_to_row(kpa::detail::host_row_loops(isa), got.data(), n, first, B, row, scale);
               const bool transforms = v.logits_soft_cap > 0.0f || row.alibi_slope != 0.0f;
-              EXPECT_EQ(left, transforms ? 1.0f : scale) << rule.name;
+              EXPECT_EQ(left, transforms || scale < 0.0f ? 1.0f : scale) << rule.name;
               for (float& x : got) x *= left;
               for (int i = 0; i < n; ++i) {
                 const int key = first + i;

@@ -134,11 +134,29 @@ struct AttentionVariant {
   /// first_key + 1, ...: masked keys become -inf, then the transform applies (it keeps -inf).
   /// Keys of blocks no row of a pass attends may hold anything before: the mask overwrites them.
   /// `loops` gives the arithmetic: RowLoops (host_loops.hpp) or any type with the same members.
-  /// `scale` multiplies the logits where a transform follows (the transform takes scaled
-  /// logits); the factor left for the softmax to apply (RowLoops::softmax) is returned.
+  /// `scale` multiplies the logits first, or is returned for the softmax to apply
+  /// (RowLoops::softmax) where that is the same: where no transform follows and it is positive,
+  /// so that it keeps -inf (a masked key) -inf; else 1 is returned.
   template <class Loops>
   KOKKOS_INLINE_FUNCTION float apply_to_row(const Loops& loops, float* logits, int n, int first, int block_size,
                                             const QueryRow& row, float scale) const {
+    const bool transforms = logits_soft_cap > 0.0f || row.alibi_slope != 0.0f;
+    if (scale > 0.0f && !transforms) {
+      mask_row(logits, n, first, block_size, row);
+      return scale;
+    }
+    if (scale != 1.0f) {
+      for (int i = 0; i < n; ++i) logits[i] *= scale;
+    }
+    mask_row(logits, n, first, block_size, row);
+    if (logits_soft_cap > 0.0f) loops.soft_cap(logits, n, logits_soft_cap);
+    if (row.alibi_slope != 0.0f) loops.add_ramp(logits, n, row.alibi_slope, static_cast<float>(first - row.position));
+    return 1.0f;
+  }
+
+ private:
+  /// apply_to_row's mask.
+  KOKKOS_INLINE_FUNCTION void mask_row(float* logits, int n, int first, int block_size, const QueryRow& row) const {
     if (skips_blocks()) {
       for (int i = 0; i < n; i += block_size) {
         if (attends_block(row, first + i)) continue;
@@ -150,13 +168,6 @@ struct AttentionVariant {
       for (int i = 0; i < n && i < lo; ++i) logits[i] = -compat::infinity();
       for (int i = hi < 0 ? 0 : hi; i < n; ++i) logits[i] = -compat::infinity();
     }
-    if (logits_soft_cap <= 0.0f && row.alibi_slope == 0.0f) return scale;
-    if (scale != 1.0f) {
-      for (int i = 0; i < n; ++i) logits[i] *= scale;
-    }
-    if (logits_soft_cap > 0.0f) loops.soft_cap(logits, n, logits_soft_cap);
-    if (row.alibi_slope != 0.0f) loops.add_ramp(logits, n, row.alibi_slope, static_cast<float>(first - row.position));
-    return 1.0f;
   }
 };
 
