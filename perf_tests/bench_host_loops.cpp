@@ -86,7 +86,7 @@ void qk(benchmark::State& state) {
   count<H, CacheT>(state, isa, c.head_size);
 }
 
-/// p.V over the chunk for all output dimensions, as qk (a 16-bit output's probabilities).
+/// p.V over the chunk for all output dimensions, as qk (a bf16 output's probabilities).
 template <int H, class CacheT, bool kTiles>
 void pv(benchmark::State& state) {
   const auto isa = static_cast<HostIsa>(state.range(0));
@@ -97,7 +97,7 @@ void pv(benchmark::State& state) {
                                             c.head_size,     c.probs.data(),     kChunkTokens,
                                             c.o.data()};
   args.tile = kpa::detail::TileKey{kernels.call, kTiles ? 0 : -1};
-  args.exact_probabilities = false;
+  args.probability_parts = kpa::detail::probability_parts_for<kpa::bfloat16>();
   kpa::detail::BlockPrefetcher idle;
   for (auto _ : state) {
     kernels.chunk_values(args, idle, 0, c.head_size);

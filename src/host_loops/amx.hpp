@@ -23,9 +23,10 @@
 // Precision: q and p are f32; each is split into bf16 parts (round to nearest, the remainder
 // rounded again, the last remainder exact): the query into as many as it needs to be exact (one
 // for a bf16 query, two for f16: the scale multiplies the sums, so the query keeps its own
-// precision), p into three, exact, or two where the output is 16-bit (16 significant bits,
-// ChunkValuesArgs::exact_probabilities). bf16 and fp8 cache values are exact in bf16, so every
-// product is exact and the sums are f32 sums, as in the FMA loops, in another order. What
+// precision), p into as many as the output type shows (ChunkValuesArgs::probability_parts:
+// three, exact, for f32; two, 16 significant bits, for f16; one, p rounded to bf16, for bf16).
+// bf16 and fp8 cache values are exact in bf16, so every product of the parts is exact and the
+// sums are f32 sums, as in the FMA loops, in another order. What
 // differs is the instruction's subnormal rule (inputs and sums below 2^-126 count as zero, o's
 // running sums included) and infinities: a cache value of +-inf meets the zero parts of a split
 // operand (the probabilities; a query of more than one part) and gives NaN where the FMA loops
@@ -675,7 +676,7 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
   std::uint16_t* const probs = probability_tiles().get(static_cast<std::size_t>(kParts) * part_codes);
   // Every part, even where the chunk's probabilities need fewer: which results an infinite value
   // turns into NaN (amx.hpp's header) does not depend on the other probabilities.
-  const int parts = a.exact_probabilities ? kParts : 2;
+  const int parts = a.probability_parts < 1 ? 1 : a.probability_parts > kParts ? kParts : a.probability_parts;
   split_rows_for<H, Tiles>(a.probs, a.probs_stride, (a.blocks - 1) * B + a.last_block_slots, a.blocks * B, parts,
                            probs, row_codes, part_codes);
   PackedBlocks& kept = packed_values();

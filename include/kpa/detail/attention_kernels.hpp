@@ -182,7 +182,7 @@ struct PartitionKernel {
     c.variant = variant;
     c.scratch = scratch;
     c.tile = tile;
-    c.exact_probabilities = std::is_same_v<T, float>;
+    c.probability_parts = probability_parts_for<T>();
     return c;
   }
 

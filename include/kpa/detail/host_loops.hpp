@@ -16,6 +16,7 @@
 #include <kpa/numeric_types.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace kpa::detail {
 
@@ -162,6 +163,13 @@ struct BlockLogitsArgs {
   int tile_slots = 0;
 };
 
+/// The bf16 parts of each probability that keep what an output of type T can show
+/// (ChunkValuesArgs::probability_parts).
+template <class T>
+constexpr int probability_parts_for() {
+  return std::is_same_v<T, bfloat16> ? 1 : std::is_same_v<T, half> ? 2 : 3;
+}
+
 /// One chunk_values call: o += p . V over the chunk's blocks, for output dimensions [d_begin, d_end).
 template <class CacheT>
 struct ChunkValuesArgs {
@@ -176,10 +184,12 @@ struct ChunkValuesArgs {
   int probs_stride;
   float* o;                  ///< [H][head_size] running output, already rescaled for this chunk
   TileKey tile{};
-  /// false where the output is 16-bit: a set that splits the probabilities into bf16 parts may
-  /// keep 16 significant bits of each (a relative error of at most 2^-17, far below the output's
-  /// own rounding) instead of all 24.
-  bool exact_probabilities = true;
+  /// The bf16 parts of each probability a set that splits them keeps (1 to 3), as the output
+  /// type asks (probability_parts_for): 3 hold all 24 significant bits of an f32 probability; 2
+  /// hold 16 (a relative error of at most 2^-17, far below an f16 output's rounding); 1 rounds it
+  /// to bf16 (at most 2^-9, a bf16 output's own rounding, as the bf16 products of FlashAttention
+  /// and of vLLM's AMX kernels).
+  int probability_parts = 3;
   /// The last block's slots that hold values of the tile (>= last_block_slots; 0: those), as
   /// BlockLogitsArgs::tile_slots.
   int last_block_tile_slots = 0;

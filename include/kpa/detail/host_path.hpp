@@ -171,7 +171,7 @@ struct HostPath {
       prefetcher.allow(prefetch_lines);  // the rest
       const ChunkValuesArgs<CacheT> values{c.value_head, c.block_stride, s.block_ids, blocks,
                                            tokens - (blocks - 1) * B, B, D, s.probs, PS, s.o,
-                                           TileKey{loops.call, c.tile}, c.exact_probabilities,
+                                           TileKey{loops.call, c.tile}, c.probability_parts,
                                            tile_slots_from(c, chunk_begin + (blocks - 1) * B)};
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, members), [&](int r) {
         const int d_begin = D * r / members, d_end = D * (r + 1) / members;

@@ -105,7 +105,7 @@ struct PassContext {
   AttentionVariant variant;
   TileScratch scratch;
   int tile;                  ///< the pass's tile where the tile has more passes, else -1 (TileKey)
-  bool exact_probabilities;  ///< f32 outputs: p.V as exact as f32 sums (ChunkValuesArgs)
+  int probability_parts;     ///< of each probability, in a set that splits them (ChunkValuesArgs)
 
   /// The physical block holding key `key`.
   KOKKOS_INLINE_FUNCTION int block_of(int key) const { return block_table[(key / block_size) * table_stride]; }
