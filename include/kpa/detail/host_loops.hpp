@@ -226,6 +226,12 @@ struct HostLoops {
   /// which their loops keep configured from call to call); null where nothing is.
   void (*end_pass)() = nullptr;
   RowLoops rows{};
+
+  /// The factor a pass's query is loaded with (its q), and the one the row loops apply to the
+  /// logits: the scale and 1, or, where q.k leaves the logits unscaled (prepare_query), 1 and
+  /// the scale.
+  KOKKOS_INLINE_FUNCTION float query_factor(float scale) const { return prepare_query != nullptr ? 1.0f : scale; }
+  KOKKOS_INLINE_FUNCTION float logit_factor(float scale) const { return prepare_query != nullptr ? scale : 1.0f; }
 };
 
 /// Conversions between query / output rows of T and scratch floats.

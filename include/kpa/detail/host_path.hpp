@@ -50,11 +50,10 @@ struct HostPath {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, rows), [&](int r) { f(r, 0, D); });
   }
 
-  /// The factor the query of a pass (of a tile of several passes or not) is loaded with: the
-  /// scale, or 1 where the loops' q.k leaves it to the rows' loops (HostLoops::prepare_query), so
-  /// that a bf16 or f16 query stays exact.
+  /// The factor the query of a pass (of a tile of several passes or not) is loaded with
+  /// (HostLoops::query_factor).
   KOKKOS_INLINE_FUNCTION float query_factor(float scale, bool of_several) const {
-    return (of_several ? several_passes : one_pass).prepare_query != nullptr ? 1.0f : scale;
+    return (of_several ? several_passes : one_pass).query_factor(scale);
   }
 
   /// load_scaled / store_scaled (numeric_types.hpp): contiguous rows through the instruction
@@ -115,8 +114,7 @@ struct HostPath {
     // The query in the form the loops' q.k reads, where their set has that step: each member
     // prepares its own copy (the pass's query is in scratch, the team past a barrier).
     const QueryTiles q_tiles = loops.prepare_query != nullptr ? loops.prepare_query(s.q, D) : QueryTiles{};
-    // Those loops leave the logits unscaled (HostLoops::prepare_query); the rows' loops scale them.
-    const float logit_scale = loops.prepare_query != nullptr ? c.scale : 1.0f;
+    const float logit_scale = loops.logit_factor(c.scale);
     for (int chunk_begin = c.begin; chunk_begin < c.end; chunk_begin += CT) {
       const int tokens = (c.end - chunk_begin < CT) ? c.end - chunk_begin : CT;
       const int blocks = (tokens + B - 1) / B;
