@@ -87,11 +87,13 @@ HostLoops<H, CacheT> host_loops(HostIsa isa, int head_size, int block_size, Pass
 RowLoops host_row_loops(HostIsa isa) {
   isa = vector_isa(isa);
 #ifdef KPA_IMPL_X86_LOOPS
-  if (isa >= HostIsa::Avx512) return {&avx2::row_soft_cap, &avx2::row_add_ramp, &avx512::row_softmax};
-  if (isa >= HostIsa::Avx2) return {&avx2::row_soft_cap, &avx2::row_add_ramp, &avx2::row_softmax};
+  if (isa >= HostIsa::Avx512) {
+    return {&avx2::row_soft_cap, &avx2::row_add_ramp, &avx512::row_softmax, &avx2::row_softmax_to_bf16};
+  }
+  if (isa >= HostIsa::Avx2) return {&avx2::row_soft_cap, &avx2::row_add_ramp, &avx2::row_softmax, &avx2::row_softmax_to_bf16};
 #endif
   (void)isa;
-  return {&portable::row_soft_cap, &portable::row_add_ramp, &portable::row_softmax};
+  return {&portable::row_soft_cap, &portable::row_add_ramp, &portable::row_softmax, &portable::row_softmax_to_bf16};
 }
 
 template <class T>

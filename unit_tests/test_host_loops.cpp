@@ -168,6 +168,48 @@ TEST_P(HostLoops, RowSoftmaxScalesFirst) {
   }
 }
 
+// The softmax that leaves bf16 codes, as the set's loops run it: the same max and sum as the
+// softmax, each probability's code rounded to nearest even (NaN a NaN; a subnormal float may give
+// 0, which the tiles read alike), zeros to the padded end, for every row length.
+TEST_P(HostLoops, RowSoftmaxToBf16RoundsTheSoftmax) {
+  const auto rows = kpa::detail::host_loops<8, kpa::bfloat16>(isa(), 128, 64, Passes::Several).rows;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-30.0f, 30.0f);
+  for (int n : {1, 7, 8, 16, 31, 63, 64, 65, 200}) {
+    for (float scale : {1.0f, 0.08838835f}) {
+      for (int special = 0; special < 3; ++special) {  // none; a masked key and a NaN; all masked
+        std::vector<float> x(static_cast<std::size_t>(n + 32));
+        for (int i = 0; i < n; ++i) x[i] = special == 2 ? -kInf : uniform(rng);
+        if (special == 1 && n > 5) {
+          x[2] = -kInf;
+          x[5] = kNan;
+        }
+        const int n_padded = (n + 15) / 16 * 16;
+        std::vector<float> floats = x, codes = x;
+        float max_floats = 0.0f, max_codes = 0.0f;
+        const float floor = special == 2 ? -kInf : 0.25f * uniform(rng);
+        const float sum = rows.softmax(floats.data(), n, scale, floor, &max_floats);
+        const float sum_codes = rows.softmax_to_bf16(codes.data(), n, n_padded, scale, floor, &max_codes);
+        const std::string where = std::string(name_of(isa())) + " n " + std::to_string(n) + " case " + std::to_string(special);
+        EXPECT_TRUE(max_codes == max_floats || (std::isnan(max_codes) && std::isnan(max_floats))) << where;
+        EXPECT_TRUE(sum_codes == sum || (std::isnan(sum_codes) && std::isnan(sum))) << where;
+        std::vector<std::uint16_t> got(static_cast<std::size_t>(n_padded));
+        std::memcpy(got.data(), codes.data(), got.size() * 2);
+        for (int i = 0; i < n_padded; ++i) {
+          if (i < n && std::isnan(floats[i])) {
+            EXPECT_GT(got[i] & 0x7fff, 0x7f80) << where << " i " << i;
+          } else if (i < n && floats[i] < 0x1p-126f && got[i] == 0) {
+            continue;
+          } else {
+            const std::uint16_t want = i < n ? kpa::detail::from_float<kpa::bfloat16>(floats[i]).bits : 0;
+            ASSERT_EQ(got[i], want) << where << " i " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_P(HostLoops, RowSoftmaxMatchesStdExpAndKeepsSpecialValues) {
   const HostIsa isa = this->isa();
   {
@@ -490,6 +532,22 @@ void check_probabilities_of_16_bit_outputs(HostIsa isa, int parts) {
   args.probability_parts = parts;
   kpa::detail::BlockPrefetcher idle;
   loops.chunk_values(args, idle, 0, D);
+  if (parts == 1 && loops.takes_bf16_probabilities) {
+    // The same from the probabilities' codes as the rows' softmax leaves them: bit for bit.
+    std::vector<float> rows_of_codes(static_cast<std::size_t>(H) * B, 0.0f), o_codes(o.size(), 0.0f);
+    for (int g = 0; g < H; ++g) {
+      for (int slot = 0; slot < B; ++slot) {
+        const std::uint16_t code = kpa::detail::from_float<kpa::bfloat16>(probs[g * B + slot]).bits;
+        std::memcpy(reinterpret_cast<char*>(rows_of_codes.data() + g * B) + 2 * slot, &code, 2);
+      }
+    }
+    kpa::detail::ChunkValuesArgs<S> coded = args;
+    coded.probs = rows_of_codes.data();
+    coded.o = o_codes.data();
+    coded.bf16_probabilities = true;
+    loops.chunk_values(coded, idle, 0, D);
+    for (std::size_t i = 0; i < o.size(); ++i) ASSERT_EQ(o_codes[i], o[i]) << name_of(isa) << " element " << i;
+  }
   for (int g = 0; g < H; ++g) {
     for (int d = 0; d < D; ++d) {
       double expected = 0.0, magnitude = 0.0;

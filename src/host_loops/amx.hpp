@@ -34,6 +34,7 @@
 
 #include "amx_tiles.hpp"
 #include "avx2.hpp"
+#include "avx512.hpp"
 
 #include <cstdint>
 #include <type_traits>
@@ -70,17 +71,6 @@ class AlignedBuffer {
   std::vector<T> storage_;
 };
 
-/// The bf16 bits of 8 floats rounded to nearest even, in the low halves of 32-bit lanes; NaN
-/// stays a quiet NaN.
-KPA_IMPL_AVX2_INLINE inline __m256i bf16_rounded(__m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-  return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
-}
-
-KPA_IMPL_AVX2_INLINE inline __m256 bf16_value(__m256i bf16) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16, 16)); }
-
 /// Rows [0, H) of `n` floats (src + g * src_stride) as `parts` (1 to kParts) rows of bf16 codes
 /// each: part p of element i of row g at dst[p * part_stride + g * row_stride + i], the parts
 /// summing to the float rounded to 8 x parts significant bits (exactly for kParts); elements
@@ -98,13 +88,11 @@ KPA_IMPL_AVX2 int split_rows(const float* src, int src_stride, int n, int n_padd
       __m256 hi = _mm256_and_ps(_mm256_maskload_ps(row + i + 8, mask_hi), _mm256_castsi256_ps(mask_hi));
 #pragma GCC unroll 3
       for (int p = 0; p < parts; ++p) {
-        const __m256i a = bf16_rounded(lo), b = bf16_rounded(hi);
-        // packus keeps each 128-bit half's order: a0-3 b0-3 a4-7 b4-7, then the quarters in place.
-        const __m256i codes = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+        const __m256i codes = bf16_codes(lo, hi);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + p * part_stride + g * row_stride + i), codes);
         nonzero[p] = _mm256_or_si256(nonzero[p], codes);
-        lo = _mm256_sub_ps(lo, bf16_value(a));  // exact: the remainder of a rounding
-        hi = _mm256_sub_ps(hi, bf16_value(b));
+        lo = _mm256_sub_ps(lo, bf16_value(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(codes))));  // exact: a rounding's remainder
+        hi = _mm256_sub_ps(hi, bf16_value(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(codes, 1))));
       }
     }
   }
@@ -145,6 +133,34 @@ KPA_IMPL_AVX512_BF16 int split_rows_avx512_bf16(const float* src, int src_stride
   }
   while (parts > 1 && _mm256_testz_si256(nonzero[parts - 1], nonzero[parts - 1])) --parts;
   return parts;
+}
+/// RowLoops::softmax_to_bf16 with AVX512-BF16's conversion (vcvtne2ps2bf16: round to nearest
+/// even, NaN kept quiet; subnormal floats as zeros, which the tiles read as zeros too), for the
+/// loops of the instructions (AmxTiles::kAvx512Bf16).
+KPA_IMPL_AVX512_BF16 inline float row_softmax_to_bf16(float* p, int n, int n_padded, float scale, float floor, float* max) {
+  const float row_max = avx512::row_scaled_max(p, n, scale, floor);
+  *max = row_max;
+  if (row_max == -__builtin_inff()) return avx2::row_softmax_to_bf16(p, n, n_padded, 1.0f, floor, max);
+  auto* const codes = reinterpret_cast<std::uint16_t*>(p);  // code i below float i, read first
+  const __m512 mv = _mm512_set1_ps(row_max);
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 e0 = avx512::exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(p + i), mv));
+    const __m512 e1 = avx512::exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(p + i + 16), mv));
+    _mm512_storeu_si512(codes + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e1, e0)));
+    s0 = _mm512_add_ps(s0, e0);
+    s1 = _mm512_add_ps(s1, e1);
+  }
+  for (; i < n; i += 16) {  // 16 codes, zeros past n (n_padded is a multiple of 16)
+    const __mmask16 lanes = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 e =
+        _mm512_maskz_mov_ps(lanes, avx512::exp16_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, p + i), mv)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+    s0 = _mm512_add_ps(s0, e);
+  }
+  for (i = (n + 15) / 16 * 16; i < n_padded; ++i) codes[i] = 0;
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
 #pragma GCC diagnostic pop
@@ -669,16 +685,26 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
   using Pass = PassTiles<Tiles, H>;
   constexpr int kGroups = Pass::kGroups;
   const int B = a.block_size, KS = value_step(B), group_words = packed_value_words(B);
-  // A row of codes per chunk slot and 32 more: rows a power of two of lines apart would share a
-  // few sets of the L1 cache, which the A tiles' rows then evict from each other.
-  const int row_codes = a.blocks * B + 32, part_codes = H * row_codes;
-  // A local: the tile instructions' memory clobbers reload no TLS.
-  std::uint16_t* const probs = probability_tiles().get(static_cast<std::size_t>(kParts) * part_codes);
-  // Every part, even where the chunk's probabilities need fewer: which results an infinite value
-  // turns into NaN (amx.hpp's header) does not depend on the other probabilities.
-  const int parts = a.probability_parts < 1 ? 1 : a.probability_parts > kParts ? kParts : a.probability_parts;
-  split_rows_for<H, Tiles>(a.probs, a.probs_stride, (a.blocks - 1) * B + a.last_block_slots, a.blocks * B, parts,
-                           probs, row_codes, part_codes);
+  const int parts = a.bf16_probabilities || a.probability_parts < 1 ? 1
+                    : a.probability_parts > kParts                ? kParts
+                                                                  : a.probability_parts;
+  // The A tiles: the rows' softmax left the codes in place (a row of floats holds twice as many),
+  // or the floats are split here, a row of codes per chunk slot and 32 more: rows a power of two
+  // of lines apart would share a few sets of the L1 cache, which the A tiles' rows then evict
+  // from each other.
+  const std::uint16_t* probs = reinterpret_cast<const std::uint16_t*>(a.probs);
+  int row_codes = 2 * a.probs_stride, part_codes = 0;
+  if (!a.bf16_probabilities) {
+    row_codes = a.blocks * B + 32;
+    part_codes = H * row_codes;
+    // A local: the tile instructions' memory clobbers reload no TLS.
+    std::uint16_t* const split = probability_tiles().get(static_cast<std::size_t>(kParts) * part_codes);
+    // Every part, even where the chunk's probabilities need fewer: which results an infinite
+    // value turns into NaN (amx.hpp's header) does not depend on the other probabilities.
+    split_rows_for<H, Tiles>(a.probs, a.probs_stride, (a.blocks - 1) * B + a.last_block_slots, a.blocks * B, parts,
+                             split, row_codes, part_codes);
+    probs = split;
+  }
   PackedBlocks& kept = packed_values();
   use_configuration<Tiles>(Pass::config(parts, 2 * KS, KS / 2));
   // The accumulators live in o, span of blocks by span: each group of dimensions loads them,
@@ -736,6 +762,9 @@ void use_tile_loops(HostLoops<H, CacheT>& loops, HostIsa isa, int head_size, int
       loops.isa = isa;
       loops.chunk_values = &chunk_values<H, CacheT, Tiles>;
       loops.end_pass = &release_tiles<Tiles>;
+      // Not where the AVX2 loop takes the last dimensions (chunk_values): it reads floats.
+      loops.takes_bf16_probabilities = head_size % 16 == 0;
+      if constexpr (Tiles::kAvx512Bf16) loops.rows.softmax_to_bf16 = &row_softmax_to_bf16;
     }
   }
 }

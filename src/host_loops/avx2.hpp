@@ -11,7 +11,12 @@ namespace kpa::detail::avx2 {
 
 using namespace x86;
 
-KPA_IMPL_AVX2 inline float row_softmax(float* p, int n, float scale, float floor, float* max) {
+/// row_softmax (kCodes false) or row_softmax_to_bf16 (true): the probabilities as floats, or as
+/// their bf16 codes in place, code i in bytes [2i, 2i + 2) of the row, below float i's, which is
+/// read before it is written over.
+template <bool kCodes>
+KPA_IMPL_AVX2 inline float row_softmax_as(float* p, int n, int n_padded, float scale, float floor, float* max) {
+  auto* const codes = reinterpret_cast<std::uint16_t*>(p);
   __m256 m = _mm256_set1_ps(floor);
   const __m256 s = _mm256_set1_ps(scale);
   for (int i = 0; i < n; i += 8) {
@@ -31,8 +36,16 @@ KPA_IMPL_AVX2 inline float row_softmax(float* p, int n, float scale, float floor
   if (row_max == -__builtin_inff()) {  // nothing attended; a NaN logit (corrupt data) stays NaN
     float sum = 0.0f;
     for (int i = 0; i < n; ++i) {
-      p[i] = p[i] != p[i] ? p[i] : 0.0f;
-      sum += p[i];
+      const float x = p[i] != p[i] ? p[i] : 0.0f;
+      sum += x;
+      if constexpr (kCodes) {
+        codes[i] = x != x ? std::uint16_t{0x7fc0} : std::uint16_t{0};
+      } else {
+        p[i] = x;
+      }
+    }
+    if constexpr (kCodes) {
+      for (int i = n; i < n_padded; ++i) codes[i] = 0;
     }
     return sum;
   }
@@ -42,18 +55,37 @@ KPA_IMPL_AVX2 inline float row_softmax(float* p, int n, float scale, float floor
   for (; i + 16 <= n; i += 16) {
     const __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), mv));
     const __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i + 8), mv));
-    _mm256_storeu_ps(p + i, e0);
-    _mm256_storeu_ps(p + i + 8, e1);
+    if constexpr (kCodes) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), bf16_codes(e0, e1));
+    } else {
+      _mm256_storeu_ps(p + i, e0);
+      _mm256_storeu_ps(p + i + 8, e1);
+    }
     s0 = _mm256_add_ps(s0, e0);
     s1 = _mm256_add_ps(s1, e1);
   }
   for (; i < n; i += 8) {
     const __m256i mask = first_lanes(n - i);
     const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(p + i, mask), mv)), _mm256_castsi256_ps(mask));
-    _mm256_maskstore_ps(p + i, mask, e);
+    if constexpr (kCodes) {  // 8 codes, zeros past n (n_padded is a multiple of 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm256_castsi256_si128(bf16_codes(e, _mm256_setzero_ps())));
+    } else {
+      _mm256_maskstore_ps(p + i, mask, e);
+    }
     s0 = _mm256_add_ps(s0, e);
   }
+  if constexpr (kCodes) {
+    for (i = (n + 7) / 8 * 8; i < n_padded; ++i) codes[i] = 0;
+  }
   return horizontal_sum(_mm256_add_ps(s0, s1));
+}
+
+KPA_IMPL_AVX2 inline float row_softmax(float* p, int n, float scale, float floor, float* max) {
+  return row_softmax_as<false>(p, n, n, scale, floor, max);
+}
+
+KPA_IMPL_AVX2 inline float row_softmax_to_bf16(float* p, int n, int n_padded, float scale, float floor, float* max) {
+  return row_softmax_as<true>(p, n, n_padded, scale, floor, max);
 }
 
 /// p[i] = cap * tanh(p[i] / cap) for i < n, through one vectorised exp: tanh(y) = 1 - 2 / (e^2y + 1)

@@ -297,8 +297,9 @@ KPA_IMPL_AVX512_INLINE inline __m512 exp16_nonpositive(__m512 x) {
   return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~tiny), y, n);  // y * 2^n: exact, or the same rounding
 }
 
-/// avx2::row_softmax on 16 lanes (RowLoops::softmax).
-KPA_IMPL_AVX512 inline float row_softmax(float* p, int n, float scale, float floor, float* max) {
+/// The first half of row_softmax: p[i] *= scale (stored where scale is not 1); returns the
+/// largest of floor and every p[i], NaN ignored.
+KPA_IMPL_AVX512_INLINE inline float row_scaled_max(float* p, int n, float scale, float floor) {
   // Four running maxima, so that the compares of consecutive vectors do not wait for each other.
   __m512 m[4] = {_mm512_set1_ps(floor), _mm512_set1_ps(floor), _mm512_set1_ps(floor), _mm512_set1_ps(floor)};
   const __m512 s = _mm512_set1_ps(scale);
@@ -325,15 +326,29 @@ KPA_IMPL_AVX512 inline float row_softmax(float* p, int n, float scale, float flo
     m[0] = _mm512_mask_mov_ps(m[0], _mm512_cmp_ps_mask(v, m[0], _CMP_GT_OQ), v);
   }
   for (int k = 1; k < 4; ++k) m[0] = _mm512_mask_mov_ps(m[0], _mm512_cmp_ps_mask(m[k], m[0], _CMP_GT_OQ), m[k]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, m[0]);
-  float row_max = floor;
-  for (float lane : lanes) row_max = kpa::detail::max_ignoring_nan(row_max, lane);
+  // The lanes' max in registers, halving with the same rule (a lane not greater leaves the other;
+  // the lanes hold no NaN but from a NaN floor, which every lane then holds): a pass over the
+  // lanes in memory would wait on each compare in turn.
+  const __m512i halves[4] = {_mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8),
+                             _mm512_set_epi32(11, 10, 9, 8, 15, 14, 13, 12, 3, 2, 1, 0, 7, 6, 5, 4),
+                             _mm512_set_epi32(13, 12, 15, 14, 9, 8, 11, 10, 5, 4, 7, 6, 1, 0, 3, 2),
+                             _mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1)};
+  for (const __m512i& order : halves) {
+    const __m512 other = _mm512_permutexvar_ps(order, m[0]);
+    m[0] = _mm512_mask_mov_ps(m[0], _mm512_cmp_ps_mask(other, m[0], _CMP_GT_OQ), other);
+  }
+  return _mm512_cvtss_f32(m[0]);
+}
+
+/// avx2::row_softmax on 16 lanes (RowLoops::softmax).
+KPA_IMPL_AVX512 inline float row_softmax(float* p, int n, float scale, float floor, float* max) {
+  const float row_max = row_scaled_max(p, n, scale, floor);
   *max = row_max;
   if (row_max == -__builtin_inff()) return avx2::row_softmax(p, n, 1.0f, floor, max);  // nothing attended
   const __m512 mv = _mm512_set1_ps(row_max);
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-  for (i = 0; i + 32 <= n; i += 32) {
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
     const __m512 e0 = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(p + i), mv));
     const __m512 e1 = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(p + i + 16), mv));
     _mm512_storeu_ps(p + i, e0);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace kpa::detail {
 
@@ -49,6 +50,18 @@ inline float row_softmax(float* p, int n, float scale, float floor, float* max) 
     p[i] = m == -compat::infinity() ? (p[i] != p[i] ? p[i] : 0.0f) : compat::exp(p[i] - m);
     sum += p[i];
   }
+  return sum;
+}
+
+inline float row_softmax_to_bf16(float* p, int n, int n_padded, float scale, float floor, float* max) {
+  const float sum = row_softmax(p, n, scale, floor, max);
+  // Code i's bytes [2i, 2i + 2) lie below float i's, which is read first.
+  for (int i = 0; i < n; ++i) {
+    const std::uint16_t code = from_float<bfloat16>(p[i]).bits;
+    std::memcpy(reinterpret_cast<char*>(p) + 2 * i, &code, 2);
+  }
+  const std::uint16_t zero = 0;
+  for (int i = n; i < n_padded; ++i) std::memcpy(reinterpret_cast<char*>(p) + 2 * i, &zero, 2);
   return sum;
 }
 

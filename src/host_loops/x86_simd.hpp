@@ -174,6 +174,23 @@ KPA_IMPL_AVX2 inline __m256 exp8(__m256 x) {
   return _mm256_blendv_ps(result, x, nan);
 }
 
+/// The bf16 bits of 8 floats rounded to nearest even, in the low halves of 32-bit lanes; NaN
+/// stays a quiet NaN.
+KPA_IMPL_AVX2_INLINE inline __m256i bf16_rounded(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+}
+
+KPA_IMPL_AVX2_INLINE inline __m256 bf16_value(__m256i bf16) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16, 16)); }
+
+/// The bf16 codes of 16 floats (bf16_rounded), in order.
+KPA_IMPL_AVX2_INLINE inline __m256i bf16_codes(__m256 lo, __m256 hi) {
+  // packus keeps each 128-bit half's order: lo0-3 hi0-3 lo4-7 hi4-7, then the quarters in place.
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_rounded(lo), bf16_rounded(hi)), 0xd8);
+}
+
 /// Lane mask of the first n (0..8) lanes.
 KPA_IMPL_AVX2 inline __m256i first_lanes(int n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));

@@ -193,6 +193,10 @@ struct ChunkValuesArgs {
   /// The last block's slots that hold values of the tile (>= last_block_slots; 0: those), as
   /// BlockLogitsArgs::tile_slots.
   int last_block_tile_slots = 0;
+  /// probs holds bf16 codes, row g's at reinterpret_cast<const std::uint16_t*>(probs) + 2 * g *
+  /// probs_stride (RowLoops::softmax_to_bf16), zeros past the chunk's tokens to its last block's
+  /// end: where probability_parts is 1 and the loops take them (HostLoops::takes_bf16_probabilities).
+  bool bf16_probabilities = false;
 };
 
 /// The instruction-set parts of the row-wise logit rules and of the softmax (AttentionVariant
@@ -206,6 +210,11 @@ struct RowLoops {
   /// p[i] (NaN ignored); p[i] = exp(p[i] - *max) (when *max is -inf nothing is attended: 0, or NaN
   /// for a NaN); returns the sum of the p[i] (NaN if any p[i] is).
   float (*softmax)(float* p, int n, float scale, float floor, float* max);
+  /// softmax, leaving each probability as its bf16 code (rounded to nearest even, NaN a quiet
+  /// NaN) in place: code i in bytes [2i, 2i + 2) of the row, zeros for i in [n, n_padded)
+  /// (n_padded a multiple of 16); the rest of the row's floats are left undefined. For loops
+  /// that take the probabilities so (HostLoops::takes_bf16_probabilities).
+  float (*softmax_to_bf16)(float* p, int n, int n_padded, float scale, float floor, float* max);
 };
 
 /// The loops of one instruction set for passes of H rows over a cache of CacheT.
@@ -226,6 +235,10 @@ struct HostLoops {
   /// which their loops keep configured from call to call); null where nothing is.
   void (*end_pass)() = nullptr;
   RowLoops rows{};
+  /// Whether chunk_values takes probabilities of one part as bf16 codes
+  /// (ChunkValuesArgs::bf16_probabilities), which the rows' softmax then leaves
+  /// (RowLoops::softmax_to_bf16) instead of floats for chunk_values to round.
+  bool takes_bf16_probabilities = false;
 
   /// The factor a pass's query is loaded with (its q), and the one the row loops apply to the
   /// logits: the scale and 1, or, where q.k leaves the logits unscaled (prepare_query), 1 and

@@ -115,6 +115,8 @@ struct HostPath {
     // prepares its own copy (the pass's query is in scratch, the team past a barrier).
     const QueryTiles q_tiles = loops.prepare_query != nullptr ? loops.prepare_query(s.q, D) : QueryTiles{};
     const float logit_scale = loops.logit_factor(c.scale);
+    // Probabilities of one bf16 part go to p.V as codes, where its loops take them so.
+    const bool bf16_probabilities = c.probability_parts == 1 && loops.takes_bf16_probabilities;
     for (int chunk_begin = c.begin; chunk_begin < c.end; chunk_begin += CT) {
       const int tokens = (c.end - chunk_begin < CT) ? c.end - chunk_begin : CT;
       const int blocks = (tokens + B - 1) / B;
@@ -157,7 +159,9 @@ struct HostPath {
             float* row = s.probs + g * PS;
             const float scale = c.variant.apply_to_row(loops.rows, row, tokens, chunk_begin, B, c.row[g], logit_scale);
             float max = 0.0f;
-            const float sum = loops.rows.softmax(row, tokens, scale, running.head[g].max_logit, &max);
+            const float floor = running.head[g].max_logit;
+            const float sum = bf16_probabilities ? loops.rows.softmax_to_bf16(row, tokens, blocks * B, scale, floor, &max)
+                                                 : loops.rows.softmax(row, tokens, scale, floor, &max);
             state.head[g].merge(SoftmaxState{max, sum});
           },
           SoftmaxReducer<Space, SoftmaxStates<H>>(chunk));
@@ -170,7 +174,8 @@ struct HostPath {
       const ChunkValuesArgs<CacheT> values{c.value_head, c.block_stride, s.block_ids, blocks,
                                            tokens - (blocks - 1) * B, B, D, s.probs, PS, s.o,
                                            TileKey{loops.call, c.tile}, c.probability_parts,
-                                           tile_slots_from(c, chunk_begin + (blocks - 1) * B)};
+                                           tile_slots_from(c, chunk_begin + (blocks - 1) * B),
+                                           bf16_probabilities};
       Kokkos::parallel_for(Kokkos::TeamThreadRange(member, members), [&](int r) {
         const int d_begin = D * r / members, d_end = D * (r + 1) / members;
         for (int g = 0; g < H; ++g) {
