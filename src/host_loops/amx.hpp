@@ -752,16 +752,16 @@ KPA_IMPL_AVX2 void chunk_values(const ChunkValuesArgs<CacheT>& a, BlockPrefetche
 template <class Tiles, int H, class CacheT>
 void use_tile_loops(HostLoops<H, CacheT>& loops, HostIsa isa, int head_size, int block_size) {
   if constexpr (has_loops<CacheT>) {
-    if (head_size % 32 == 0 && head_size <= kMaxHeadSize) {
-      loops.isa = isa;
+    const bool logits = head_size % 32 == 0 && head_size <= kMaxHeadSize, values = has_value_tiles(block_size);
+    if (!logits && !values) return;
+    loops.isa = isa;
+    loops.end_pass = &release_tiles<Tiles>;
+    if (logits) {
       loops.prepare_query = &prepare_query<H, Tiles>;
       loops.block_logits = &block_logits<H, CacheT, Tiles>;
-      loops.end_pass = &release_tiles<Tiles>;
     }
-    if (has_value_tiles(block_size)) {
-      loops.isa = isa;
+    if (values) {
       loops.chunk_values = &chunk_values<H, CacheT, Tiles>;
-      loops.end_pass = &release_tiles<Tiles>;
       // Not where the AVX2 loop takes the last dimensions (chunk_values): it reads floats.
       loops.takes_bf16_probabilities = head_size % 16 == 0;
       if constexpr (Tiles::kAvx512Bf16) loops.rows.softmax_to_bf16 = &row_softmax_to_bf16;
