@@ -3,7 +3,8 @@
 // each computes), written once over a tile mapping (amx_tiles.hpp): AmxTiles, the instructions,
 // for HostIsa::Amx, and TileModel, their software model, for HostIsa::AmxModel. The code around
 // the tiles is AVX2, so the model runs on any AVX2 CPU, but for the splitting of rows into bf16
-// parts, which takes AVX512-BF16's conversion beside the instructions (split_rows_for).
+// parts and the softmax's rounding to bf16, which take AVX512-BF16's conversions beside the
+// instructions (split_rows_for, row_softmax_to_bf16).
 //
 // Tiles (tdpbf16ps: C[M][N] += A[M][2K] . B[K][N][2], f32 sums of bf16 pairs), the pass's H rows
 // (up to 32: one or two tiles of rows, PassTiles) as the rows of A and C, so that every operand a
@@ -24,10 +25,10 @@
 // rounded again, the last remainder exact): the query into as many as it needs to be exact (one
 // for a bf16 query, two for f16: the scale multiplies the sums, so the query keeps its own
 // precision), p into as many as the output type shows (ChunkValuesArgs::probability_parts:
-// three, exact, for f32; two, 16 significant bits, for f16; one, p rounded to bf16, for bf16).
-// bf16 and fp8 cache values are exact in bf16, so every product of the parts is exact and the
-// sums are f32 sums, as in the FMA loops, in another order. What
-// differs is the instruction's subnormal rule (inputs and sums below 2^-126 count as zero, o's
+// three, exact, for f32; two, 16 significant bits, for f16; one, p rounded to bf16, for bf16,
+// which the rows' softmax leaves so itself: RowLoops::softmax_to_bf16). bf16 and fp8 cache
+// values are exact in bf16, so every product of the parts is exact and the sums are f32 sums, as
+// in the FMA loops, in another order. What differs is the instruction's subnormal rule (inputs and sums below 2^-126 count as zero, o's
 // running sums included) and infinities: a cache value of +-inf meets the zero parts of a split
 // operand (the probabilities; a query of more than one part) and gives NaN where the FMA loops
 // give +-inf.
