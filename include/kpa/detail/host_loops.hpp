@@ -166,7 +166,7 @@ struct BlockLogitsArgs {
 /// The bf16 parts of each probability that keep what an output of type T can show
 /// (ChunkValuesArgs::probability_parts).
 template <class T>
-constexpr int probability_parts_for() {
+KOKKOS_INLINE_FUNCTION constexpr int probability_parts_for() {
   return std::is_same_v<T, bfloat16> ? 1 : std::is_same_v<T, half> ? 2 : 3;
 }
 
